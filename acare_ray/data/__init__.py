@@ -1,0 +1,1 @@
+"""Converters into the searches / training-groups tables: MuSiQue, NeMo JSONL, synthetic data."""

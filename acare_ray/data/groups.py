@@ -1,0 +1,103 @@
+"""Searches with relevance labels -> LCE training groups (1 positive + N negatives)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+
+from acare_ray.schema import TRAINING_GROUPS, Candidate, Search, parse_search
+
+log = logging.getLogger(__name__)
+STATS_KEY = b"acare.group_stats"
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """What happened to each search: how many groups came out and why searches were skipped."""
+
+    searches: int = 0
+    groups: int = 0
+    no_positive: int = 0
+    too_few_negatives: int = 0
+    failed_trajectory: int = 0
+
+
+def _negatives(search: Search, count: int, seed: int) -> list[Candidate]:
+    """The ``count`` hardest judged non-relevant candidates by first-stage score; candidates
+    without a score follow in a seeded order, so a search without scores gets a seeded sample."""
+    pool = [c for c in search.candidates if c.relevance is not None and c.relevance <= 0]
+    scored = sorted(
+        (c for c in pool if c.first_stage_score is not None), key=lambda c: -c.first_stage_score
+    )
+    unscored = [c for c in pool if c.first_stage_score is None]
+    # A string seed is hashed with SHA-512, so the order repeats across runs and processes.
+    random.Random(f"{seed}|{search.search_id}").shuffle(unscored)
+    return (scored + unscored)[:count]
+
+
+def _doc(candidate: Candidate) -> dict[str, str]:
+    return {"doc_id": candidate.doc_id, "text": candidate.text}
+
+
+def searches_to_groups(table: pa.Table, negatives: int = 7, seed: int = 0) -> pa.Table:
+    """Build ``TRAINING_GROUPS`` rows from a ``SEARCHES`` table.
+
+    Each candidate with relevance > 0 becomes the positive of one group (``group_id`` is the
+    search id, suffixed ``#k`` when a search has several positives); negatives are candidates
+    with relevance 0 (unjudged ones are never used). Searches with no positive, fewer than
+    ``negatives`` negatives, or ``judge_ok == False`` are skipped; the counts are logged and kept
+    in the schema metadata (read them with :func:`group_stats`). ``session_id`` falls back to
+    the search id when absent.
+    """
+    if negatives < 1:
+        raise ValueError(f"negatives must be >= 1, got {negatives}")
+    rows, counts = [], dict.fromkeys(asdict(GroupStats()), 0)
+    for index, raw in enumerate(table.to_pylist()):
+        search = parse_search(raw, index)
+        counts["searches"] += 1
+        if search.judge_ok is False:
+            counts["failed_trajectory"] += 1
+            continue
+        positives = [c for c in search.candidates if c.relevance is not None and c.relevance > 0]
+        if not positives:
+            counts["no_positive"] += 1
+            continue
+        chosen = _negatives(search, negatives, seed)
+        if len(chosen) < negatives:
+            counts["too_few_negatives"] += 1
+            continue
+        for k, positive in enumerate(positives):
+            ctx = search.context
+            rows.append(
+                {
+                    "group_id": search.search_id
+                    if len(positives) == 1
+                    else f"{search.search_id}#{k}",
+                    "session_id": search.session_id or search.search_id,
+                    "sub_query": ctx.sub_query,
+                    "question": ctx.question,
+                    "reasoning": ctx.reasoning,
+                    "positive": _doc(positive),
+                    "negatives": [_doc(c) for c in chosen],
+                }
+            )
+    counts["groups"] = len(rows)
+    skipped = counts["no_positive"] + counts["too_few_negatives"] + counts["failed_trajectory"]
+    if skipped:
+        log.warning(
+            "searches_to_groups skipped %d of %d searches: %s", skipped, counts["searches"], counts
+        )
+    schema = TRAINING_GROUPS.with_metadata({STATS_KEY: json.dumps(counts).encode()})
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def group_stats(table: pa.Table) -> GroupStats:
+    """The counts :func:`searches_to_groups` stored on its output."""
+    meta = table.schema.metadata or {}
+    if STATS_KEY not in meta:
+        raise ValueError("table carries no group statistics (not made by searches_to_groups)")
+    return GroupStats(**json.loads(meta[STATS_KEY]))

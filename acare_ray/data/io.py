@@ -1,0 +1,82 @@
+"""Where the shared data lives, and Parquet / JSONL helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SHARED_ENV = "ACARE_SHARED"
+
+
+def shared_dir() -> Path:
+    """``$ACARE_SHARED``, else ``<repo>/../shared`` (the sibling of the repository root)."""
+    env = os.environ.get(SHARED_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:
+    """Write ``table`` to one Parquet file (parent folders created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def read_parquet(path: str | os.PathLike, schema: pa.Schema | None = None) -> pa.Table:
+    """Read a Parquet file or folder.
+
+    With ``schema``: its columns come first, in its order and cast to its types; a column the
+    file lacks is all null (row validation then names it); other columns are kept after them.
+    """
+    table = pq.read_table(path)
+    if schema is None:
+        return table
+    columns, fields = [], []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table[field.name].cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+        fields.append(field)
+    for name in table.column_names:
+        if name not in schema.names:
+            columns.append(table[name])
+            fields.append(table.schema.field(name))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; blank lines are skipped, a bad line names its number."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}:{number}: expected an object, got {type(record).__name__}"
+                )
+            yield record
+
+
+def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> int:
+    """Write records as JSON lines (UTF-8, non-ASCII kept); returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
