@@ -111,7 +111,9 @@ def synthetic_reasoning(steps: list[dict[str, Any]], k: int, answers: list[str])
             f"Searching for '{resolve_step(s['question'], answers[:j])}' told me: {s['answer']}."
             for j, s in enumerate(steps[:k])
         ]
-        sentences.append(f"Next I need: {resolve_step(steps[k]['question'], answers)}.")
+        query = resolve_step(steps[k]["question"], answers)
+        stop = "" if query.endswith(("?", ".")) else "."
+        sentences.append(f"Next I need to find out: {query}{stop}")
     kept = clean(sentences)
     return " ".join(kept) if kept else "I will look up the next piece of information."
 
