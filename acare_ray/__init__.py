@@ -1,0 +1,15 @@
+"""acare_ray: agent-context-aware reranking with one scoring core for Ray Data, Serve and Train."""
+
+from acare_ray.context import AgentContext, FieldDropout, Mode, parse_mode
+from acare_ray.scorer import Ranking, Scorer, ScorerConfig
+
+__all__ = [
+    "AgentContext",
+    "FieldDropout",
+    "Mode",
+    "Ranking",
+    "Scorer",
+    "ScorerConfig",
+    "parse_mode",
+]
+__version__ = "0.1.0"

@@ -108,7 +108,9 @@ class AgentContext:
 
     @property
     def richest_mode(self) -> Mode:
-        return Mode.for_fields(question=self.question is not None, reasoning=self.reasoning is not None)
+        return Mode.for_fields(
+            question=self.question is not None, reasoning=self.reasoning is not None
+        )
 
     def resolve_mode(self, mode: str | Mode = AUTO) -> Mode:
         """The concrete mode for this context; a forced mode whose field is absent raises."""

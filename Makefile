@@ -1,0 +1,37 @@
+# Two entry points on a fresh machine: `make demo` (main job on the embedded default) and
+# `make test` (the suite). Both create .venv and install the package first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
+TORCH_CPU ?= torch==2.13.*
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then \
+		echo "no GPU found: installing the CPU build of torch ($(TORCH_CPU))"; \
+		$(BIN)/pip install -q "$(TORCH_CPU)"; \
+	fi
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+demo: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare demo
+
+test: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check acare_ray tests benchmarks
+	$(BIN)/ruff format --check acare_ray tests benchmarks
+
+bench: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/bench_scorer.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,277 @@
+"""Causal-LM yes/no scoring with a shared prefix (Qwen3-Reranker and ACARe checkpoints).
+
+score = logit("yes") - logit("no") at the last real position (DESIGN section 2).
+
+:class:`PrefixSharedYesNo` runs the decoder layers of a Hugging Face Llama-family causal LM
+(Qwen3, Qwen2, Llama, Mistral) itself, in two passes:
+
+1. the prefix pass runs each search's shared prefix once and keeps its keys and values;
+2. the document pass runs only the candidate tokens (document + suffix). Their queries attend
+   to the prefix keys/values, which are broadcast to the candidates of that search (an
+   ``expand`` view when a batch holds one search, never a per-candidate forward of the prefix),
+   and causally to their own tokens.
+
+Only the last real position of each candidate is normalised and projected, onto the two
+lm_head rows for "yes" and "no"; the vocabulary-wide head is never computed. The module is an
+``nn.Module`` with a plain ``forward`` so training wraps it in DDP/FSDP and gets gradients
+through exactly the code that serves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from acare_ray.context import AgentContext, Mode
+from acare_ray.prompt import PromptEncoder
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+@dataclass
+class PrefixState:
+    """Keys/values of one batch of prefixes: per layer ``[G, kv_heads, P, head_dim]``."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    mask: torch.Tensor  # [G, P] bool, True for real prefix tokens
+    lengths: torch.Tensor  # [G]
+
+
+class PrefixSharedYesNo(nn.Module):
+    """Wraps a ``*ForCausalLM`` model; scores candidates sharing prefixes, yes/no rows only."""
+
+    def __init__(self, causal_lm: nn.Module, yes_id: int, no_id: int) -> None:
+        super().__init__()
+        model_type = getattr(causal_lm.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} is not supported by the causal yes/no backend "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        if getattr(causal_lm.config, "use_sliding_window", False):
+            raise ValueError("sliding-window attention is not supported by the causal backend")
+        self.lm = causal_lm
+        self.register_buffer("yes_no_ids", torch.tensor([yes_id, no_id]), persistent=False)
+
+    @property
+    def _decoder(self) -> nn.Module:
+        return self.lm.model
+
+    def _head_rows(self) -> torch.Tensor:
+        return self.lm.lm_head.weight[self.yes_no_ids]
+
+    def _layer(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = layer.self_attn
+        batch, length, _ = x.shape
+        h = layer.input_layernorm(x)
+        shape = (batch, length, -1, attn.head_dim)
+        q = attn.q_proj(h).view(shape)
+        k = attn.k_proj(h).view(shape)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = _rope(q.transpose(1, 2), cos, sin)
+        k = _rope(k.transpose(1, 2), cos, sin)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        keys, values = k, v
+        if past is not None:
+            past_k, past_v, rows = past
+            if rows is None:
+                past_k = past_k.expand(batch, -1, -1, -1)
+                past_v = past_v.expand(batch, -1, -1, -1)
+            else:
+                past_k, past_v = past_k[rows], past_v[rows]
+            keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
+        )
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return x, k, v
+
+    def _rotary(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self._decoder.rotary_emb(x, positions)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def encode_prefixes(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> PrefixState:
+        """Run right-padded prefixes ``[G, P]`` once; keep every layer's keys and values."""
+        groups, length = prefix_ids.shape
+        x = self._decoder.embed_tokens(prefix_ids)
+        positions = torch.arange(length, device=x.device).expand(groups, -1)
+        cos, sin = self._rotary(x, positions)
+        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        mask = (causal[None] & prefix_mask[:, None, :])[:, None]
+        keys, values = [], []
+        for layer in self._decoder.layers:
+            x, k, v = self._layer(layer, x, cos, sin, mask, None)
+            keys.append(k)
+            values.append(v)
+        return PrefixState(keys, values, prefix_mask, prefix_mask.sum(dim=1))
+
+    def score_documents(
+        self,
+        prefix: PrefixState,
+        doc_ids: torch.Tensor,
+        doc_lengths: torch.Tensor,
+        doc_group: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Scores ``[N]`` (float32 log-odds) of right-padded candidates ``[N, D]``.
+
+        ``doc_ids`` holds document + suffix tokens; ``doc_group[i]`` is the prefix row candidate
+        ``i`` continues (``None``: every candidate continues the single prefix, broadcast).
+        """
+        rows, length = doc_ids.shape
+        if doc_group is None and prefix.mask.shape[0] != 1:
+            raise ValueError("doc_group is required when several prefixes are encoded")
+        group = (
+            torch.zeros(rows, dtype=torch.long, device=doc_ids.device)
+            if doc_group is None
+            else doc_group
+        )
+        x = self._decoder.embed_tokens(doc_ids)
+        positions = prefix.lengths[group][:, None] + torch.arange(length, device=x.device)
+        cos, sin = self._rotary(x, positions)
+        steps = torch.arange(length, device=x.device)
+        own = (steps[None, :] <= steps[:, None])[None] & (
+            steps[None, None, :] < doc_lengths[:, None, None]
+        )
+        shared = prefix.mask[group][:, None, :].expand(-1, length, -1)
+        mask = torch.cat([shared, own], dim=2)[:, None]
+        for i, layer in enumerate(self._decoder.layers):
+            past = (prefix.keys[i], prefix.values[i], doc_group)
+            x, _, _ = self._layer(layer, x, cos, sin, mask, past)
+        last = x[torch.arange(rows, device=x.device), doc_lengths - 1]
+        last = self._decoder.norm(last)
+        logits = last.float() @ self._head_rows().float().T
+        return logits[:, 0] - logits[:, 1]
+
+    def forward(
+        self,
+        prefix_ids: torch.Tensor,
+        prefix_mask: torch.Tensor,
+        doc_ids: torch.Tensor,
+        doc_lengths: torch.Tensor,
+        doc_group: torch.Tensor,
+    ) -> torch.Tensor:
+        """Differentiable scores for training: several groups, each with its own prefix."""
+        state = self.encode_prefixes(prefix_ids, prefix_mask)
+        return self.score_documents(state, doc_ids, doc_lengths, doc_group)
+
+
+class CausalLMBackend:
+    """Inference loop: prefix tokenized and run once per search, documents in token-budget batches.
+
+    ``plan`` cuts a list of sequence lengths into batches of indices (see
+    :func:`acare_ray.scorer.plan_batches`). ``stats`` accumulates real vs computed tokens and the
+    time spent tokenizing, for the benchmarks.
+    """
+
+    name = "causal_lm"
+
+    def __init__(
+        self,
+        module: PrefixSharedYesNo,
+        encoder: PromptEncoder,
+        plan: Callable[[list[int]], list[np.ndarray]],
+        device: torch.device,
+    ) -> None:
+        self.module = module.eval()
+        self.encoder = encoder
+        self.plan = plan
+        self.device = device
+        self.stats = BackendStats()
+
+    def render(self, context: AgentContext, document: str, mode: Mode) -> str:
+        return self.encoder.render(context, document, mode)
+
+    def score_searches(
+        self, searches: list[tuple[AgentContext, Mode, list[str]]]
+    ) -> list[np.ndarray]:
+        """Float32 log-odds per search, documents in input order."""
+        started = time.perf_counter()
+        prefixes = [self.encoder.prefix_ids(context, mode) for context, mode, _ in searches]
+        documents = [doc for _, _, docs in searches for doc in docs]
+        budgets = [
+            self.encoder.document_budget(len(prefix))
+            for prefix, (_, _, docs) in zip(prefixes, searches)
+            for _ in docs
+        ]
+        doc_ids = self.encoder.document_ids(documents, budgets)
+        self.stats.tokenize_s += time.perf_counter() - started
+        suffix = self.encoder.suffix_ids
+        results, start = [], 0
+        with torch.inference_mode():
+            for prefix, (_, _, docs) in zip(prefixes, searches):
+                seqs = [ids + suffix for ids in doc_ids[start : start + len(docs)]]
+                start += len(docs)
+                results.append(self._score_search(prefix, seqs))
+        return results
+
+    def _score_search(self, prefix: list[int], seqs: list[list[int]]) -> np.ndarray:
+        scores = np.empty(len(seqs), dtype=np.float32)
+        if not seqs:
+            return scores
+        prefix_ids = torch.tensor([prefix], device=self.device)
+        state = self.module.encode_prefixes(
+            prefix_ids, torch.ones_like(prefix_ids, dtype=torch.bool)
+        )
+        self.stats.add(real=len(prefix), computed=len(prefix))
+        for batch in self.plan([len(s) for s in seqs]):
+            padded, lengths = pad_right([seqs[i] for i in batch])
+            self.stats.add(real=int(lengths.sum()), computed=padded.numel())
+            out = self.module.score_documents(
+                state, padded.to(self.device), lengths.to(self.device)
+            )
+            scores[batch] = out.cpu().numpy()
+        return scores
+
+
+@dataclass
+class BackendStats:
+    """Counters a backend accumulates: tokens really present vs computed, tokenizing time."""
+
+    real_tokens: int = 0
+    computed_tokens: int = 0
+    tokenize_s: float = 0.0
+
+    def add(self, real: int, computed: int) -> None:
+        self.real_tokens += real
+        self.computed_tokens += computed
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
+
+
+def pad_right(rows: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, max_len]`` right-padded ids and ``[N]`` lengths."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    out = np.full((len(rows), int(lengths.max())), pad_id, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return torch.from_numpy(out), torch.from_numpy(lengths)

@@ -1,0 +1,114 @@
+"""Sequence-classification cross-encoders (BERT-style: MiniLM, bge-reranker, ...).
+
+A pair is (rendered context block, document): the text inside ``<Query>:`` for the mode (so the
+four modes mean the same thing as for the causal backend) and the document, truncated from the
+document side. The single output logit is the score (log-odds, DESIGN section 2). There is no
+prefix to share in a bidirectional encoder, so candidates of all searches are batched together
+by token budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from acare_ray.causal_lm import BackendStats, pad_right
+from acare_ray.context import AgentContext, Mode
+from acare_ray.prompt import FieldCaps, PromptConfig, query_block
+
+CROSS_ENCODER_CAPS = FieldCaps(sub_query=64, question=128, reasoning=160)
+
+
+class CrossEncoderBackend:
+    name = "cross_encoder"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        config: PromptConfig,
+        plan: Callable[[list[int]], list[np.ndarray]],
+        device: torch.device,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.plan = plan
+        self.device = device
+        self.stats = BackendStats()
+
+    def _cap(self, text: str | None, limit: int, keep_end: bool = False) -> str | None:
+        if text is None:
+            return None
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= limit:
+            return text
+        return self.tokenizer.decode(ids[-limit:] if keep_end else ids[:limit])
+
+    def context_text(self, context: AgentContext, mode: Mode) -> str:
+        caps = self.config.caps
+        capped = AgentContext(
+            self._cap(context.sub_query, caps.sub_query),
+            question=self._cap(context.question, caps.question) if mode.uses_question else None,
+            reasoning=(
+                self._cap(context.reasoning, caps.reasoning, keep_end=True)
+                if mode.uses_reasoning
+                else None
+            ),
+        )
+        return query_block(capped, mode)
+
+    def render(self, context: AgentContext, document: str, mode: Mode) -> str:
+        sep = self.tokenizer.sep_token or "\n"
+        return f"{self.context_text(context, mode)} {sep} {document}"
+
+    def encode(self, searches: list[tuple[AgentContext, Mode, list[str]]]) -> list[list[int]]:
+        firsts, seconds = [], []
+        for context, mode, docs in searches:
+            text = self.context_text(context, mode)
+            firsts.extend([text] * len(docs))
+            seconds.extend(doc[: 8 * self.config.max_length] for doc in docs)
+        if not firsts:
+            return []
+        return self.tokenizer(
+            firsts, seconds, truncation="only_second", max_length=self.config.max_length
+        )["input_ids"]
+
+    def forward_ids(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N]`` for right-padded pair ids; differentiable (training calls this)."""
+        steps = torch.arange(ids.shape[1], device=ids.device)
+        mask = (steps[None, :] < lengths[:, None]).long()
+        extra = {}
+        if getattr(self.model.config, "type_vocab_size", 1) > 1:
+            extra["token_type_ids"] = self._token_types(ids, mask)
+        out = self.model(input_ids=ids, attention_mask=mask, **extra)
+        return out.logits[:, 0].float()
+
+    def _token_types(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        sep = self.tokenizer.sep_token_id
+        after_first_sep = (ids == sep).long().cumsum(dim=1) - (ids == sep).long() >= 1
+        return (after_first_sep & mask.bool()).long()
+
+    def score_searches(
+        self, searches: list[tuple[AgentContext, Mode, list[str]]]
+    ) -> list[np.ndarray]:
+        started = time.perf_counter()
+        encoded = self.encode(searches)
+        self.stats.tokenize_s += time.perf_counter() - started
+        flat = np.empty(len(encoded), dtype=np.float32)
+        with torch.inference_mode():
+            for batch in self.plan([len(e) for e in encoded]):
+                ids, lengths = pad_right([encoded[i] for i in batch], self.tokenizer.pad_token_id)
+                self.stats.add(real=int(lengths.sum()), computed=ids.numel())
+                flat[batch] = (
+                    self.forward_ids(ids.to(self.device), lengths.to(self.device)).cpu().numpy()
+                )
+        out, start = [], 0
+        for _, _, docs in searches:
+            out.append(flat[start : start + len(docs)])
+            start += len(docs)
+        return out

@@ -1,0 +1,74 @@
+"""Random-weight models with the real Qwen3 tokenizer, for tests and speed benchmarks.
+
+These machines cannot download weights, so tests build a tiny random Qwen3, save it with
+``save_pretrained`` and load it back through the same ``Scorer.from_pretrained`` users run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def shared_dir() -> Path:
+    """The shared data/models folder: ``$ACARE_SHARED``, else ``../shared`` beside the repo."""
+    env = os.environ.get("ACARE_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+
+
+def qwen3_tokenizer_dir() -> Path:
+    return shared_dir() / "models" / "qwen3-tokenizer"
+
+
+TINY_QWEN3 = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=8192,
+    initializer_range=0.1,
+)
+
+
+def build_random_qwen3(
+    out_dir: str | Path,
+    seed: int = 0,
+    base_config: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Path:
+    """Save a random-weight Qwen3ForCausalLM + the real tokenizer to ``out_dir``.
+
+    ``base_config``: a folder name under ``shared/models/configs`` (e.g. ``Qwen3-Reranker-0.6B``)
+    whose shapes to use; otherwise the tiny shapes above. ``overrides`` change config fields
+    (``num_hidden_layers=4`` for a shallower model of real width).
+    """
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
+    if base_config:
+        fields = json.loads(
+            (shared_dir() / "models" / "configs" / base_config / "config.json").read_text()
+        )
+        fields = {
+            k: v
+            for k, v in fields.items()
+            if k not in ("architectures", "torch_dtype", "transformers_version")
+        }
+    else:
+        fields = dict(TINY_QWEN3, vocab_size=len(tokenizer), tie_word_embeddings=True)
+    fields.update(overrides)
+    config = Qwen3Config(**fields)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).to(dtype)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

