@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from acare_ray.data.groups import group_stats, searches_to_groups
+from acare_ray.schema import SEARCHES, TRAINING_GROUPS
+
+
+def _search(search_id, relevances, scores=None, **extra):
+    scores = scores or [None] * len(relevances)
+    candidates = [
+        {"doc_id": f"{search_id}-d{i}", "text": f"text {i}", "first_stage_score": s, "relevance": r}
+        for i, (r, s) in enumerate(zip(relevances, scores, strict=True))
+    ]
+    return {"search_id": search_id, "sub_query": "q", "candidates": candidates, **extra}
+
+
+def _table(*rows):
+    return pa.Table.from_pylist(list(rows), schema=SEARCHES)
+
+
+def test_negatives_are_the_highest_scored_non_relevant_candidates():
+    scores = [0.1, 9.0, 5.0, 7.0, 1.0, 3.0, 8.0, 2.0, 6.0, 4.0]
+    rels = [0, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    group = searches_to_groups(_table(_search("s", rels, scores)), negatives=3).to_pylist()[0]
+    assert group["positive"]["doc_id"] == "s-d1"
+    assert [d["doc_id"] for d in group["negatives"]] == ["s-d6", "s-d3", "s-d8"]
+    assert group["session_id"] == "s"  # falls back to the search id
+
+
+def test_unscored_negatives_are_a_seeded_sample_that_repeats():
+    table = _table(_search("s", [1] + [0] * 15))
+    first = searches_to_groups(table, seed=3).to_pylist()[0]["negatives"]
+    assert first == searches_to_groups(table, seed=3).to_pylist()[0]["negatives"]
+    draws = {
+        tuple(d["doc_id"] for d in searches_to_groups(table, seed=s).to_pylist()[0]["negatives"])
+        for s in range(5)
+    }
+    assert len(first) == 7 and len(draws) > 1
+
+
+def test_skipped_searches_are_counted_not_lost():
+    table = _table(
+        _search("ok", [1] + [0] * 7),
+        _search("nopos", [0] * 8),
+        _search("few", [1] + [0] * 6),
+        _search("unjudged", [1] + [None] * 9),
+        _search("failed", [1] + [0] * 7, judge_ok=False),
+    )
+    groups = searches_to_groups(table)
+    assert groups.column("group_id").to_pylist() == ["ok"]
+    assert group_stats(groups).__dict__ == {
+        "searches": 5,
+        "groups": 1,
+        "no_positive": 1,
+        "too_few_negatives": 2,
+        "failed_trajectory": 1,
+    }
+    assert groups.schema.equals(TRAINING_GROUPS)
+
+
+def test_each_positive_gets_its_own_group():
+    groups = searches_to_groups(_table(_search("s", [1, 0, 2, 0, 0])), negatives=3)
+    assert groups.column("group_id").to_pylist() == ["s#0", "s#1"]
+    assert [g["positive"]["doc_id"] for g in groups.to_pylist()] == ["s-d0", "s-d2"]
+
+
+def test_bad_search_row_raises_with_its_name():
+    with pytest.raises(ValueError, match=r"search_id=s: candidates\[0\]\.text is empty"):
+        searches_to_groups(
+            _table(
+                {"search_id": "s", "sub_query": "q", "candidates": [{"doc_id": "d", "text": ""}]}
+            )
+        )
+    with pytest.raises(ValueError, match="statistics"):
+        group_stats(pa.Table.from_pylist([], schema=TRAINING_GROUPS))

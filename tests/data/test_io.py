@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from acare_ray.data.io import read_jsonl, read_parquet, shared_dir, write_jsonl, write_parquet
+from acare_ray.data.synthetic import synthetic_searches
+from acare_ray.schema import SEARCHES
+
+
+def test_parquet_round_trip_preserves_schema_and_rows(tmp_path):
+    table = synthetic_searches(3, seed=0)
+    back = read_parquet(write_parquet(table, tmp_path / "out" / "s.parquet"))
+    assert back.schema.equals(table.schema) and back.equals(table)
+
+
+def test_read_parquet_with_schema_orders_casts_and_fills_missing_columns(tmp_path):
+    rows = [
+        {
+            "sub_query": "q",
+            "search_id": "s",
+            "candidates": [{"doc_id": "d", "text": "t"}],
+            "extra": 1,
+        }
+    ]
+    write_parquet(pa.Table.from_pylist(rows), tmp_path / "s.parquet")
+    table = read_parquet(tmp_path / "s.parquet", schema=SEARCHES)
+    assert table.schema.names == [*SEARCHES.names, "extra"]
+    assert table.schema.field("candidates").type == SEARCHES.field("candidates").type
+    assert table.column("reasoning").to_pylist() == [None]
+
+
+def test_jsonl_round_trip_and_bad_line_number(tmp_path):
+    records = [{"a": 1, "text": "naïve"}, {"a": 2}]
+    assert write_jsonl(records, tmp_path / "r.jsonl") == 2
+    assert list(read_jsonl(tmp_path / "r.jsonl")) == records
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: not valid JSON"):
+        list(read_jsonl(tmp_path / "bad.jsonl"))
+
+
+def test_shared_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACARE_SHARED", str(tmp_path))
+    assert shared_dir() == tmp_path
+    monkeypatch.delenv("ACARE_SHARED")
+    assert shared_dir().name == "shared"
