@@ -7,17 +7,14 @@ These machines cannot download weights, so tests build a tiny random Qwen3, save
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from acare_ray.data.io import shared_dir
 
-def shared_dir() -> Path:
-    """The shared data/models folder: ``$ACARE_SHARED``, else ``../shared`` beside the repo."""
-    env = os.environ.get("ACARE_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+__all__ = ["build_random_qwen3", "qwen3_tokenizer_dir", "shared_dir"]
 
 
 def qwen3_tokenizer_dir() -> Path:
