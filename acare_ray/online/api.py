@@ -1,0 +1,264 @@
+"""HTTP request and response models: Cohere rerank v1/v2, TEI ``/rerank``, and the ACARe fields.
+
+Score definition: the model's score is raw log-odds ``s`` (see :mod:`acare_ray.scorer`).
+Cohere ``relevance_score`` and TEI ``score`` are ``sigmoid(s)`` in 0..1; TEI with
+``raw_scores=true`` returns ``s`` itself. Results are ordered by ``s``, best first, equal
+scores in input order.
+
+All three shapes accept the ACARe extension fields ``original_question``, ``reasoning`` and
+``mode``. Unknown fields are refused (422) so a misspelt context field never goes unnoticed;
+Cohere fields this server does not act on (``model``, ``max_chunks_per_doc``, ``priority``) are
+accepted so unmodified clients keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
+from pydantic_core import PydanticCustomError
+from scipy.special import expit
+
+from acare_ray.online.service import ScoringJob, Search
+from acare_ray.scorer import rank_order
+
+COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
+
+
+def _document_item(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        text = value.get("text")
+        if text is not None and not isinstance(text, str):
+            raise PydanticCustomError(
+                "document_text", "text must be a string, got {kind}", {"kind": type(text).__name__}
+            )
+        return value
+    raise PydanticCustomError(
+        "document_type",
+        "must be a string or an object with a string 'text', got {kind}",
+        {"kind": type(value).__name__},
+    )
+
+
+class CohereDocument(BaseModel):
+    """A document given as an object; other fields are kept and returned with the result."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str | None = None
+
+
+DocumentItem = Annotated[str | CohereDocument, BeforeValidator(_document_item)]
+
+
+class AgentFields(BaseModel):
+    """The ACARe extension: what the agent knows beyond the sub-query in ``query``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    original_question: str | None = Field(
+        None, description="The agent's original (global) question for the session."
+    )
+    reasoning: str | None = Field(
+        None, description="The agent's reasoning just before this search (its end matters most)."
+    )
+    mode: str = Field(
+        "auto",
+        description=(
+            "Which fields the reranker reads: M0 (query only, the official prompt), M1 (+reasoning),"
+            " M2 (+original_question), M3 (both); aliases base/reasoning/question/full; auto = the"
+            " richest mode the given fields allow."
+        ),
+    )
+
+
+class CohereRerankRequest(AgentFields):
+    """Cohere rerank body (v1 and v2 share it; v2 defaults ``max_tokens_per_doc`` to 4096)."""
+
+    model: str | None = Field(
+        None, description="Accepted for compatibility; the served model answers."
+    )
+    query: str = Field(description="The search query the agent sent (the sub-query).")
+    documents: list[DocumentItem] = Field(description="Strings, or objects with a string `text`.")
+    top_n: int | None = Field(None, ge=1, description="Return only the best `top_n` results.")
+    return_documents: bool | None = Field(False, description="Include each document in its result.")
+    max_tokens_per_doc: int | None = Field(
+        None, ge=1, description="Cut each document to this many tokens before scoring."
+    )
+    rank_fields: list[str] | None = Field(
+        None,
+        description="For object documents: score the text 'field: value' of these fields, in order.",
+    )
+    max_chunks_per_doc: int | None = Field(
+        None, description="Accepted for compatibility; documents are truncated, not chunked."
+    )
+    priority: int | None = Field(None, description="Accepted for compatibility; no effect.")
+
+    @model_validator(mode="after")
+    def _texts_resolve(self) -> CohereRerankRequest:
+        self.texts()
+        return self
+
+    def texts(self) -> list[str]:
+        """The text scored for each document."""
+        out = []
+        for i, doc in enumerate(self.documents):
+            if isinstance(doc, str):
+                out.append(doc)
+            elif self.rank_fields:
+                fields = doc.model_dump()
+                parts = []
+                for name in self.rank_fields:
+                    value = fields.get(name)
+                    if value is None:
+                        continue
+                    if not isinstance(value, str):
+                        raise ValueError(f"documents[{i}].{name} must be a string")
+                    parts.append(f"{name}: {value}")
+                if not parts:
+                    raise ValueError(f"documents[{i}] has none of the rank_fields")
+                out.append("\n".join(parts))
+            elif doc.text is None:
+                raise ValueError(f"documents[{i}].text is missing (or give rank_fields)")
+            else:
+                out.append(doc.text)
+        return out
+
+    def search(self, default_max_tokens_per_doc: int | None = None) -> Search:
+        return Search(
+            query=self.query,
+            documents=self.texts(),
+            original_question=self.original_question,
+            reasoning=self.reasoning,
+            mode=self.mode,
+            max_tokens_per_doc=self.max_tokens_per_doc or default_max_tokens_per_doc,
+        )
+
+    def document_payload(self, index: int) -> dict[str, Any]:
+        doc = self.documents[index]
+        if isinstance(doc, str):
+            return {"text": doc}
+        return doc.model_dump(exclude_none=True)
+
+
+class TeiRerankRequest(AgentFields):
+    """text-embeddings-inference ``/rerank`` body."""
+
+    query: str = Field(description="The search query the agent sent (the sub-query).")
+    texts: list[StrictStr] = Field(description="The documents.")
+    raw_scores: bool = Field(False, description="Return log-odds instead of sigmoid(log-odds).")
+    return_text: bool = Field(False, description="Include each text in its result.")
+    truncate: bool | None = Field(
+        None,
+        description="Cut texts that do not fit; false refuses them (413); null: server default.",
+    )
+    truncation_direction: Annotated[
+        Literal["left", "right"],
+        BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v),
+    ] = Field("right", description="right keeps the start of a text, left keeps its end.")
+
+    def search(self) -> Search:
+        return Search(
+            query=self.query,
+            documents=self.texts,
+            original_question=self.original_question,
+            reasoning=self.reasoning,
+            mode=self.mode,
+            truncate=self.truncate,
+            keep_end=self.truncation_direction == "left",
+            documents_field="texts",
+        )
+
+
+class ApiVersion(BaseModel):
+    version: str
+
+
+class BilledTokens(BaseModel):
+    input_tokens: int = Field(description="Tokens the model computed (shared prefix once).")
+
+
+class RerankMeta(BaseModel):
+    api_version: ApiVersion
+    tokens: BilledTokens
+    model: str = Field(description="The served model.")
+    mode: str = Field(description="The mode the model read (M0..M3).")
+    warnings: list[str] | None = None
+
+
+class RerankResult(BaseModel):
+    index: int = Field(description="Position of the document in the request.")
+    relevance_score: float = Field(description="sigmoid(log-odds) in 0..1.")
+    document: dict[str, Any] | None = None
+
+
+class RerankResponse(BaseModel):
+    id: str
+    results: list[RerankResult] = Field(description="Best first.")
+    meta: RerankMeta
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float = Field(description="sigmoid(log-odds), or log-odds with raw_scores.")
+    text: str | None = None
+
+
+def relevance(scores: np.ndarray) -> np.ndarray:
+    """0..1 relevance from log-odds (float64, no overflow at either end)."""
+    return expit(np.asarray(scores, dtype=np.float64))
+
+
+def truncation_warnings(job: ScoringJob, field: str) -> list[str] | None:
+    """Say which documents were cut, so truncation is never silent."""
+    if not job.truncated:
+        return None
+    listed = ", ".join(f"{field}[{i}]" for i in job.truncated[:20])
+    more = f" and {len(job.truncated) - 20} more" if len(job.truncated) > 20 else ""
+    return [f"truncated to {job.limit} tokens: {listed}{more}"]
+
+
+def cohere_response(
+    request: CohereRerankRequest,
+    job: ScoringJob,
+    scores: np.ndarray,
+    *,
+    request_id: str,
+    version: str,
+    model: str,
+) -> RerankResponse:
+    order = rank_order(scores, request.top_n)
+    probabilities = relevance(scores)
+    results = [
+        RerankResult(
+            index=int(i),
+            relevance_score=float(probabilities[i]),
+            document=request.document_payload(int(i)) if request.return_documents else None,
+        )
+        for i in order
+    ]
+    return RerankResponse(
+        id=request_id,
+        results=results,
+        meta=RerankMeta(
+            api_version=ApiVersion(version=version),
+            tokens=BilledTokens(input_tokens=job.tokens),
+            model=model,
+            mode=job.mode.value,
+            warnings=truncation_warnings(job, "documents"),
+        ),
+    )
+
+
+def tei_response(request: TeiRerankRequest, scores: np.ndarray) -> list[TeiRank]:
+    values = np.asarray(scores, dtype=np.float64) if request.raw_scores else relevance(scores)
+    return [
+        TeiRank(
+            index=int(i),
+            score=float(values[i]),
+            text=request.texts[i] if request.return_text else None,
+        )
+        for i in rank_order(scores)
+    ]

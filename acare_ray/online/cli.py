@@ -1,0 +1,101 @@
+"""``acare serve``: run the online reranker from a Serve config file.
+
+The flags override the config (``--model`` the application's ``args.model``, ``--port`` and
+``--host`` the HTTP options); the resolved config is checked against Serve's own schema and
+handed to ``serve run``, so ``acare serve`` and ``serve run <config>`` behave the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_CONFIG = "serve_configs/local.yaml"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What ``acare serve`` was asked for; ``print_only`` prints the resolved config and exits."""
+
+    config: Path
+    model: str | None = None
+    port: int | None = None
+    host: str | None = None
+    print_only: bool = False
+
+
+def resolve(options: ServeConfig) -> dict[str, Any]:
+    """The Serve config with the overrides applied, validated by ``ServeDeploySchema``."""
+    from ray.serve.schema import ServeDeploySchema
+
+    if not options.config.is_file():
+        raise FileNotFoundError(f"--config: no file at {options.config}")
+    config = copy.deepcopy(yaml.safe_load(options.config.read_text()))
+    if options.model is not None:
+        model = options.model
+        # Replicas do not share this shell's working directory: make local paths absolute.
+        if Path(model).exists():
+            model = str(Path(model).resolve())
+        for app in config.get("applications", []):
+            app.setdefault("args", {})["model"] = model
+    http = config.setdefault("http_options", {})
+    if options.port is not None:
+        http["port"] = options.port
+    if options.host is not None:
+        http["host"] = options.host
+    ServeDeploySchema.model_validate(config)
+    return config
+
+
+def run(options: ServeConfig) -> int:
+    from pydantic import ValidationError
+
+    try:
+        config = resolve(options)
+    except (FileNotFoundError, ValidationError, yaml.YAMLError) as err:
+        print(f"acare serve: {err}", file=sys.stderr)
+        return 2
+    text = yaml.safe_dump(config, sort_keys=False)
+    if options.print_only:
+        sys.stdout.write(text)
+        return 0
+    from ray.serve.scripts import cli as serve_cli
+
+    with tempfile.TemporaryDirectory(prefix="acare-serve-") as folder:
+        path = Path(folder) / "serve_config.yaml"
+        path.write_text(text)
+        http = config.get("http_options", {})
+        print(f"acare serve: http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}")
+        serve_cli.main(args=["run", str(path)], prog_name="serve", standalone_mode=False)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the reranker over HTTP (Ray Serve; Cohere and TEI APIs)"
+    )
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="Serve config YAML")
+    parser.add_argument("--model", help="model id or checkpoint directory (overrides the config)")
+    parser.add_argument("--port", type=int, help="HTTP port (overrides the config)")
+    parser.add_argument("--host", help="HTTP host (overrides the config)")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.set_defaults(
+        func=lambda args: run(
+            ServeConfig(
+                config=Path(args.config),
+                model=args.model,
+                port=args.port,
+                host=args.host,
+                print_only=args.print_config,
+            )
+        )
+    )

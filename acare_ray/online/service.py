@@ -1,0 +1,198 @@
+"""The online reranker's work, independent of HTTP and of Ray.
+
+Every endpoint shape (Cohere v1/v2, TEI) converts its body to a :class:`Search`;
+:meth:`RerankService.prepare` validates it against the model (fields, mode, limits, document
+truncation, token cost) and returns a :class:`ScoringJob`; :meth:`RerankService.score` scores
+any number of jobs in one :meth:`Scorer.score_many` call (each job's prefix shared by its own
+documents). Scores are the scorer's raw log-odds (see :mod:`acare_ray.scorer`); turning them
+into a 0..1 ``relevance_score`` is the API layer's business.
+
+Client mistakes raise :class:`ClientError` with the HTTP status and the request field at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
+from acare_ray.online.tokens import TokenLayout
+from acare_ray.scorer import Scorer
+
+
+class ClientError(Exception):
+    """A request the server refuses: ``status`` (HTTP code), ``field`` (request field at fault)."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.status = status
+        self.field = field
+        self.message = f"{field}: {message}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits. ``auto_truncate``: cut documents that do not fit (else refuse, 413)."""
+
+    max_documents: int = 1000
+    max_body_bytes: int = 16 * 2**20
+    auto_truncate: bool = True
+
+
+@dataclass(frozen=True)
+class Search:
+    """One rerank request in transport-neutral form.
+
+    ``truncate``: ``None`` follows the server's ``auto_truncate``; ``False`` refuses documents
+    longer than the model's room (413). ``keep_end`` truncates from the left (keeps the end).
+    ``documents_field`` is the caller's name for the documents (``texts`` on TEI), used in errors.
+    """
+
+    query: str
+    documents: Sequence[str]
+    original_question: str | None = None
+    reasoning: str | None = None
+    mode: str = AUTO
+    max_tokens_per_doc: int | None = None
+    truncate: bool | None = None
+    keep_end: bool = False
+    documents_field: str = "documents"
+
+
+@dataclass(frozen=True)
+class ScoringJob:
+    """A validated request: the context restricted to ``mode``'s fields and documents as scored.
+
+    ``tokens`` is what the model will compute for it (the batch scheduler's unit); ``limit`` the
+    per-document token limit applied; ``truncated`` the indices of documents cut to it.
+    """
+
+    context: AgentContext
+    mode: Mode
+    documents: tuple[str, ...]
+    tokens: int = 0
+    limit: int = 0
+    truncated: tuple[int, ...] = field(default=())
+
+
+def _check_encodable(field: str, text: str | None) -> None:
+    """Tokenizers need valid Unicode; JSON can smuggle in lone surrogates (``"\\ud800"``)."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ClientError(422, field, f"is not valid Unicode ({err.reason})") from None
+
+
+class RerankService:
+    """Holds a loaded :class:`Scorer` and the limits; see the module docstring."""
+
+    def __init__(self, scorer: Scorer, model_name: str, limits: Limits | None = None) -> None:
+        self.scorer = scorer
+        self.model_name = model_name
+        self.limits = limits or Limits()
+        self.layout = TokenLayout(scorer)
+
+    def prepare(self, search: Search) -> ScoringJob:
+        """Validate ``search`` and fit its documents; raises :class:`ClientError`."""
+        name = search.documents_field
+        if len(search.documents) > self.limits.max_documents:
+            raise ClientError(
+                413,
+                name,
+                f"{len(search.documents)} documents, at most {self.limits.max_documents} per request",
+            )
+        for i, doc in enumerate(search.documents):
+            if not doc.strip():
+                raise ClientError(422, f"{name}[{i}]", "is empty")
+            _check_encodable(f"{name}[{i}]", doc)
+        for field_name in ("query", "original_question", "reasoning"):
+            _check_encodable(field_name, getattr(search, field_name))
+        context, mode = self._context(search)
+        try:
+            context_tokens = self.layout.context_tokens(context, mode)
+        except ValueError as err:
+            raise ClientError(413, "query", f"with its context: {err}") from None
+        room = self.layout.room(context_tokens)
+        limit = min(room, search.max_tokens_per_doc or room)
+        fitted = self.layout.fit(search.documents, limit, keep_end=search.keep_end)
+        truncate = self.limits.auto_truncate if search.truncate is None else search.truncate
+        if not truncate:
+            for i, count in enumerate(fitted.original):
+                if count > room:
+                    raise ClientError(
+                        413,
+                        f"{name}[{i}]",
+                        f"is {count} tokens, only {room} fit beside the query "
+                        "(send truncate=true to cut it)",
+                    )
+        return ScoringJob(
+            context=context,
+            mode=mode,
+            documents=tuple(fitted.texts),
+            tokens=self.layout.cost(context_tokens, fitted.kept),
+            limit=limit,
+            truncated=tuple(
+                i for i, (n, k) in enumerate(zip(fitted.original, fitted.kept)) if n > k
+            ),
+        )
+
+    def _context(self, search: Search) -> tuple[AgentContext, Mode]:
+        try:
+            requested = parse_mode(search.mode)
+        except ValueError as err:
+            raise ClientError(422, "mode", str(err)) from None
+        try:
+            context = AgentContext(
+                search.query, question=search.original_question, reasoning=search.reasoning
+            )
+        except ValueError:
+            raise ClientError(422, "query", "is missing or empty") from None
+        if requested == AUTO:
+            mode = context.richest_mode
+        else:
+            mode = requested
+            if mode.uses_question and context.question is None:
+                raise ClientError(
+                    422,
+                    "original_question",
+                    f"mode {mode.value} reads it, but it is missing or empty",
+                )
+            if mode.uses_reasoning and context.reasoning is None:
+                raise ClientError(
+                    422, "reasoning", f"mode {mode.value} reads it, but it is missing or empty"
+                )
+        return context.for_mode(mode), mode
+
+    def score(self, jobs: Sequence[ScoringJob]) -> list[np.ndarray | Exception]:
+        """Log-odds per job, documents in input order, all jobs in one scorer call.
+
+        Jobs are validated already; should the scorer still reject one, the others are scored
+        alone so one bad request never fails the requests batched with it.
+        """
+        items = [(job.context, list(job.documents)) for job in jobs]
+        try:
+            return list(self.scorer.score_many(items, AUTO))
+        except ValueError:
+            if len(jobs) == 1:
+                raise
+        results: list[np.ndarray | Exception] = []
+        for item in items:
+            try:
+                results.append(self.scorer.score_many([item], AUTO)[0])
+            except ValueError as err:
+                results.append(err)
+        return results
+
+    def describe(self) -> dict:
+        """What ``/v1/models`` reports about the loaded model."""
+        return {
+            "id": self.model_name,
+            "backend": self.scorer.backend.name,
+            "max_length": self.layout.max_length,
+            "modes": [m.value for m in Mode] + [AUTO],
+            "source": self.scorer.source,
+        }

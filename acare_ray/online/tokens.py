@@ -1,0 +1,140 @@
+"""Token accounting for online requests, with the scorer's own tokenizer.
+
+The server needs two numbers per request before the model runs: how many tokens each document
+may keep (``max_tokens_per_doc`` and the model's room beside the prompt), and how many tokens
+the request will cost (the batch scheduler packs requests by this). A :class:`TokenLayout`
+answers both for either backend:
+
+- causal LM: the prompt prefix is shared by the request's documents (counted once), each
+  document is tokenized as ``" " + doc`` and followed by the suffix;
+- cross-encoder: the context block is paired with every document, plus the special tokens.
+
+Truncation cuts the document *text* at a token boundary (from the tokenizer's offsets), so
+the scorer still receives plain strings and tokenizes them itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from acare_ray.context import AgentContext, Mode
+
+# Documents longer than this many characters per allowed token are cut before tokenizing: a
+# token spans at most a few dozen characters, and the full text is re-tokenized whenever the
+# cut piece turns out shorter than the limit.
+CHARS_PER_TOKEN_BOUND = 8
+
+
+@dataclass(frozen=True)
+class FittedDocuments:
+    """Documents as they will be scored, and their token counts.
+
+    ``texts[i]`` is document ``i`` cut to at most ``limit`` tokens; ``kept[i]`` its token
+    count after the cut; ``original[i]`` its count before (a lower bound when the text was so
+    long that only a prefix had to be tokenized to know it is over the limit).
+    """
+
+    texts: list[str]
+    kept: list[int]
+    original: list[int]
+
+
+class TokenLayout:
+    """How one backend turns (context, documents) into tokens; see the module docstring."""
+
+    def __init__(self, scorer: Any) -> None:
+        backend = scorer.backend
+        self.backend_name = backend.name
+        if backend.name == "causal_lm":
+            encoder = backend.encoder
+            self.tokenizer = encoder.tokenizer
+            self.lead = " "
+            self.shared_context = True
+            self._encoder = encoder
+            self._suffix = len(encoder.suffix_ids)
+            self.max_length = encoder.config.max_length
+        elif backend.name == "cross_encoder":
+            self.tokenizer = backend.tokenizer
+            self.lead = ""
+            self.shared_context = False
+            self._backend = backend
+            self._specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+            self.max_length = backend.config.max_length
+        else:
+            raise ValueError(f"no token layout for backend {backend.name!r}")
+
+    def context_tokens(self, context: AgentContext, mode: Mode) -> int:
+        """Tokens of everything but the document (caps applied). Raises if nothing fits."""
+        if self.shared_context:
+            return len(self._encoder.prefix_ids(context, mode))
+        text = self._backend.context_text(context, mode)
+        count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if count + self._specials >= self.max_length:
+            raise ValueError(
+                f"context is {count + self._specials} tokens, max_length is {self.max_length}"
+            )
+        return count
+
+    def room(self, context_tokens: int) -> int:
+        """How many document tokens fit beside the context under the model's max_length."""
+        if self.shared_context:
+            return self._encoder.document_budget(context_tokens)
+        return self.max_length - context_tokens - self._specials
+
+    def cost(self, context_tokens: int, document_tokens: Sequence[int]) -> int:
+        """Tokens the model computes for one request (the shared prefix counted once)."""
+        if not document_tokens:
+            return 0
+        if self.shared_context:
+            return context_tokens + sum(document_tokens) + self._suffix * len(document_tokens)
+        return sum(document_tokens) + (context_tokens + self._specials) * len(document_tokens)
+
+    def fit(self, documents: Sequence[str], limit: int, keep_end: bool = False) -> FittedDocuments:
+        """Cut each document to at most ``limit`` tokens (its start, or its end if ``keep_end``)."""
+        if not documents:
+            return FittedDocuments([], [], [])
+        chars = max(CHARS_PER_TOKEN_BOUND * limit, 4096)
+        pieces = [doc[-chars:] if keep_end else doc[:chars] for doc in documents]
+        encoded = self._encode(pieces)
+        texts, kept, original = [], [], []
+        for doc, piece, (ids, offsets) in zip(documents, pieces, encoded):
+            if len(piece) < len(doc) and len(ids) <= limit:
+                ids, offsets = self._encode([doc])[0]
+                piece = doc
+            base = len(doc) - len(piece) if keep_end else 0
+            original.append(len(ids))
+            if len(ids) <= limit:
+                texts.append(doc)
+                kept.append(len(ids))
+                continue
+            text = self._cut(doc, offsets, base, limit, keep_end)
+            texts.append(text)
+            kept.append(limit)
+        return FittedDocuments(texts, kept, original)
+
+    def _encode(self, pieces: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        out = self.tokenizer(
+            [self.lead + p for p in pieces], add_special_tokens=False, return_offsets_mapping=True
+        )
+        return list(zip(out["input_ids"], out["offset_mapping"]))
+
+    def _cut(
+        self, doc: str, offsets: list[tuple[int, int]], base: int, limit: int, keep_end: bool
+    ) -> str:
+        """The text of ``limit`` whole tokens; a cut that leaves only whitespace takes one more."""
+        shift = base - len(self.lead)
+        if keep_end:
+            first = len(offsets) - limit
+            while True:
+                text = doc[max(offsets[first][0] + shift, 0) :]
+                if text.strip() or first == 0:
+                    return text
+                first -= 1
+        last = limit - 1
+        while True:
+            text = doc[: max(offsets[last][1] + shift, 0)]
+            if text.strip() or last == len(offsets) - 1:
+                return text
+            last += 1

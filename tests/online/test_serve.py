@@ -1,0 +1,487 @@
+"""The Serve app over real HTTP: Cohere SDK and TEI shapes, batching, limits, auth, overload.
+
+Two applications are deployed once for the module, from ``serve_configs/local.yaml`` through
+the same config path ``serve run <config>`` and ``serve deploy`` take:
+
+- ``main`` at ``/``: the tiny Qwen3 saved as a trainer checkpoint (with ``acare.json``), no
+  auth, small body and document limits;
+- ``guarded`` at ``/guarded``: bearer key from an environment variable, and a tiny queue
+  (``max_ongoing_requests=2``, ``max_queued_requests=1``) whose batches wait 1.5 s for requests
+  that can never arrive (2 < ``max_batch_size``), so a burst deterministically overflows it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import json
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import cohere
+import httpx
+import numpy as np
+import pytest
+import yaml
+from scipy.special import expit
+
+from acare_ray.context import AgentContext, Mode
+from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY_ENV = "ACARE_TEST_API_KEY"
+API_KEY = "s3cret-test-key"
+MAX_DOCUMENTS = 40
+MAX_BODY_BYTES = 200_000
+GUARDED_WAIT_S = 1.5
+
+QUERY = "capital population"
+QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
+REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
+DOCUMENTS = [
+    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
+    "Paris is the capital of France.",
+    "Anna Berg is a singer from Velmoria.",
+    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
+    "Population statistics for capitals in Europe vary widely.",
+    "Velmoria is a small country.",
+]
+FULL = AgentContext(QUERY, question=QUESTION, reasoning=REASONING)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(checkpoint: Path, port: int) -> dict:
+    """serve_configs/local.yaml with the test model, port, limits, and the guarded app added."""
+    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
+    config["http_options"].update(host="127.0.0.1", port=port)
+    (main,) = config["applications"]
+    main.update(name="main", route_prefix="/")
+    main["args"].update(
+        model=str(checkpoint),
+        max_documents=MAX_DOCUMENTS,
+        max_body_bytes=MAX_BODY_BYTES,
+        api_key_env=None,
+    )
+    main["deployments"][0]["ray_actor_options"] = {"num_cpus": 0.5}
+    guarded = copy.deepcopy(main)
+    guarded.update(
+        name="guarded",
+        route_prefix="/guarded",
+        runtime_env={"env_vars": {API_KEY_ENV: API_KEY}},
+    )
+    guarded["args"]["api_key_env"] = API_KEY_ENV
+    guarded["deployments"][0].update(
+        max_ongoing_requests=2,
+        max_queued_requests=1,
+        user_config={"max_batch_size": 4, "batch_wait_timeout_s": GUARDED_WAIT_S},
+    )
+    config["applications"] = [main, guarded]
+    return config
+
+
+def deploy(config: dict, timeout_s: float = 300) -> None:
+    """Deploy a Serve config the way ``serve run <config>`` / ``serve deploy`` do; wait until up."""
+    from ray import serve
+    from ray.serve._private.api import serve_start
+    from ray.serve.schema import ServeDeploySchema
+
+    client = serve_start(
+        http_options=config["http_options"], proxy_location=config["proxy_location"]
+    )
+    client.deploy_apps(ServeDeploySchema.model_validate(config))
+    names = {app["name"] for app in config["applications"]}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        apps = serve.status().applications
+        states = {name: apps[name].status if name in apps else "NOT_STARTED" for name in names}
+        failed = [n for n, s in states.items() if s == "DEPLOY_FAILED"]
+        assert not failed, f"deploy failed: {[apps[n].message for n in failed]}"
+        if set(states.values()) == {"RUNNING"} and all(
+            apps[n].deployments["Reranker"].status == "HEALTHY" for n in names
+        ):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"apps not running after {timeout_s}s: {states}")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_qwen3_dir, tiny_scorer, tmp_path_factory) -> Path:
+    """The tiny model as the trainer saves it: HF weights + tokenizer + ``acare.json``."""
+    folder = Path(shutil.copytree(tiny_qwen3_dir, tmp_path_factory.mktemp("ckpt") / "final"))
+    (folder / ACARE_CONFIG_FILE).write_text(json.dumps(tiny_scorer.acare_config()))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def scorer(checkpoint) -> Scorer:
+    return Scorer.from_pretrained(str(checkpoint), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def served(ray_local, checkpoint):
+    from ray import serve
+
+    config = make_config(checkpoint, free_port())
+    deploy(config)
+    base = f"http://127.0.0.1:{config['http_options']['port']}"
+    yield {"base": base, "config": config}
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    with httpx.Client(base_url=served["base"], timeout=60) as client:
+        yield client
+
+
+def expected(scorer: Scorer, context: AgentContext, documents, mode="auto") -> np.ndarray:
+    return scorer.score(context, documents, mode).astype(np.float64)
+
+
+def assert_ranked_like(indices: list[int], scores: np.ndarray, top_n: int | None = None):
+    """``indices`` are the best ``top_n`` of ``scores``, best first (ties within 1e-5)."""
+    assert len(indices) == (len(scores) if top_n is None else min(top_n, len(scores)))
+    assert len(set(indices)) == len(indices)
+    ranked = scores[indices]
+    assert np.all(np.diff(ranked) <= 1e-5), ranked
+    left_out = np.delete(scores, indices)
+    if left_out.size:
+        assert ranked.min() >= left_out.max() - 1e-5
+
+
+def test_cohere_client_v2_with_context_scores_like_the_scorer(served, scorer):
+    co = cohere.ClientV2(api_key="unused", base_url=served["base"])
+    response = co.rerank(
+        model="acare",
+        query=QUERY,
+        documents=DOCUMENTS,
+        top_n=3,
+        request_options={
+            "additional_body_parameters": {"original_question": QUESTION, "reasoning": REASONING}
+        },
+    )
+    want = expected(scorer, FULL, DOCUMENTS)
+    indices = [r.index for r in response.results]
+    assert_ranked_like(indices, want, top_n=3)
+    got = np.array([r.relevance_score for r in response.results])
+    np.testing.assert_allclose(got, expit(want[indices]), atol=1e-5)
+    assert response.meta.api_version.version == "2"
+    assert response.meta.mode == "M3"
+
+
+def test_cohere_client_v1_returns_documents_with_their_fields(served, scorer):
+    co = cohere.Client(api_key="unused", base_url=served["base"])
+    documents = [DOCUMENTS[0], {"text": DOCUMENTS[1], "id": "doc-1", "url": "https://x.test/1"}]
+    response = co.rerank(
+        query=QUERY,
+        documents=documents,
+        return_documents=True,
+        request_options={"additional_body_parameters": {"original_question": QUESTION}},
+    )
+    want = expected(scorer, AgentContext(QUERY, question=QUESTION), DOCUMENTS[:2])
+    assert_ranked_like([r.index for r in response.results], want)
+    by_index = {r.index: r for r in response.results}
+    assert by_index[0].document.text == DOCUMENTS[0]
+    assert by_index[1].document.text == DOCUMENTS[1]
+    assert by_index[1].document.id == "doc-1" and by_index[1].document.url == "https://x.test/1"
+    for r in response.results:
+        assert r.relevance_score == pytest.approx(expit(want[r.index]), abs=1e-5)
+    assert response.meta.mode == "M2"
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_cohere_shape_top_n_and_return_documents_semantics(http, scorer, path):
+    body = {"query": QUERY, "documents": DOCUMENTS, "reasoning": REASONING}
+    want = expected(scorer, AgentContext(QUERY, reasoning=REASONING), DOCUMENTS)
+
+    full = http.post(path, json=body).json()
+    assert_ranked_like([r["index"] for r in full["results"]], want)
+    assert all("document" not in r for r in full["results"])
+
+    top = http.post(path, json=body | {"top_n": 2, "return_documents": True}).json()
+    assert [r["index"] for r in top["results"]] == [r["index"] for r in full["results"]][:2]
+    assert [r["document"] for r in top["results"]] == [
+        {"text": DOCUMENTS[r["index"]]} for r in top["results"]
+    ]
+
+    more = http.post(path, json=body | {"top_n": 50}).json()
+    assert len(more["results"]) == len(DOCUMENTS)
+
+
+def test_tei_rerank_scores_are_sigmoid_or_raw_log_odds(http, scorer):
+    body = {"query": QUERY, "texts": DOCUMENTS, "original_question": QUESTION}
+    want = expected(scorer, AgentContext(QUERY, question=QUESTION), DOCUMENTS)
+
+    plain = http.post("/rerank", json=body)
+    assert plain.status_code == 200
+    assert_ranked_like([r["index"] for r in plain.json()], want)
+    for r in plain.json():
+        assert r["score"] == pytest.approx(expit(want[r["index"]]), abs=1e-5)
+        assert "text" not in r
+
+    raw = http.post("/rerank", json=body | {"raw_scores": True, "return_text": True}).json()
+    for r in raw:
+        assert r["score"] == pytest.approx(want[r["index"]], abs=1e-4)
+        assert r["text"] == DOCUMENTS[r["index"]]
+
+
+@pytest.mark.parametrize("mode", ["M0", "M1", "M2", "M3", "question", "auto"])
+def test_each_mode_scores_like_the_scorer_in_that_mode(http, scorer, mode):
+    body = {
+        "query": QUERY,
+        "texts": DOCUMENTS,
+        "original_question": QUESTION,
+        "reasoning": REASONING,
+        "mode": mode,
+        "raw_scores": True,
+    }
+    response = http.post("/rerank", json=body)
+    resolved = FULL.resolve_mode(mode)
+    assert response.headers["x-acare-mode"] == resolved.value
+    got = {r["index"]: r["score"] for r in response.json()}
+    want = expected(scorer, FULL, DOCUMENTS, resolved)
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-4)
+
+
+def test_max_tokens_per_doc_truncates_and_says_so(http, scorer):
+    long_doc = "Ostrava is the capital of Velmoria and home to many museums and parks " * 4
+    body = {"query": QUERY, "documents": ["Paris.", long_doc], "max_tokens_per_doc": 6}
+    response = http.post("/v2/rerank", json=body)
+    assert response.status_code == 200
+    result = response.json()
+    assert result["meta"]["warnings"] == ["truncated to 6 tokens: documents[1]"]
+    assert response.headers["x-acare-truncated"] == "1"
+
+    tokenizer = scorer.backend.encoder.tokenizer
+    first_six = tokenizer.decode(
+        tokenizer(" " + long_doc, add_special_tokens=False)["input_ids"][:6]
+    )
+    want = expected(scorer, AgentContext(QUERY), ["Paris.", first_six.strip()])
+    got = {r["index"]: r["relevance_score"] for r in result["results"]}
+    np.testing.assert_allclose([got[0], got[1]], expit(want), atol=1e-5)
+    untruncated = expected(scorer, AgentContext(QUERY), [long_doc])[0]
+    assert abs(untruncated - want[1]) > 1e-4, "the cut must change what the model reads"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/rerank", {"query": QUERY, "documents": []}),
+        ("/v2/rerank", {"query": QUERY, "documents": [], "original_question": QUESTION}),
+        ("/rerank", {"query": QUERY, "texts": []}),
+    ],
+)
+def test_empty_documents_answer_200_with_no_results(http, path, body):
+    response = http.post(path, json=body)
+    assert response.status_code == 200
+    payload = response.json()
+    assert (payload == []) if path == "/rerank" else (payload["results"] == [])
+
+
+BAD_REQUESTS = [
+    ("/v2/rerank", {"documents": ["a"]}, 422, "query"),
+    ("/rerank", {"texts": ["a"]}, 422, "query"),
+    ("/v2/rerank", {"query": "   ", "documents": ["a"]}, 422, "query"),
+    ("/v2/rerank", {"query": "q", "documents": ["a", 7]}, 422, "documents[1]"),
+    ("/v1/rerank", {"query": "q", "documents": ["a", None]}, 422, "documents[1]"),
+    ("/v1/rerank", {"query": "q", "documents": ["a", {"title": "t"}]}, 422, "documents[1].text"),
+    ("/rerank", {"query": "q", "texts": ["a", {"text": "b"}]}, 422, "texts[1]"),
+    ("/v2/rerank", {"query": "q", "documents": ["a", ""]}, 422, "documents[1]"),
+    ("/v2/rerank", {"query": "q", "documents": "a"}, 422, "documents"),
+    ("/v2/rerank", {"query": "q", "documents": ["a"], "mode": "M2"}, 422, "original_question"),
+    ("/v2/rerank", {"query": "q", "documents": ["a"], "mode": "full"}, 422, "original_question"),
+    ("/rerank", {"query": "q", "texts": ["a"], "mode": "M1"}, 422, "reasoning"),
+    ("/v2/rerank", {"query": "q", "documents": ["a"], "mode": "M7"}, 422, "mode"),
+    ("/v2/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422, "top_n"),
+    (
+        "/v2/rerank",
+        {"query": "q", "documents": ["a"], "max_tokens_per_doc": -1},
+        422,
+        "max_tokens_per_doc",
+    ),
+    (
+        "/v2/rerank",
+        {"query": "q", "documents": ["a"], "orginal_question": "x"},
+        422,
+        "orginal_question",
+    ),
+    (
+        "/rerank",
+        {"query": "q", "texts": ["a"], "truncation_direction": "up"},
+        422,
+        "truncation_direction",
+    ),
+    ("/v2/rerank", {"query": "q", "documents": ["a"] * (MAX_DOCUMENTS + 1)}, 413, "documents"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "field"), BAD_REQUESTS)
+def test_client_mistakes_get_4xx_naming_the_field(http, path, body, status, field):
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    assert response.json()["message"].startswith(field), response.json()
+
+
+def test_refusing_truncation_gets_413_for_a_document_that_does_not_fit(http):
+    body = {"query": "q", "texts": ["short", "word " * 9000], "truncate": False}
+    response = http.post("/rerank", json=body)
+    assert response.status_code == 413
+    assert response.json()["message"].startswith("texts[1]")
+    assert http.post("/rerank", json=body | {"truncate": True}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"[]",
+        b'"just a string"',
+        b"null",
+        b'{"query": 5, "documents": ["a"]}',
+        b'{"query": "q", "documents": [["nested"]]}',
+        b'{"query": "q", "documents": ["a"], "top_n": "many"}',
+        b'{"query": "q", "documents": ["a"], "mode": 3}',
+        b'{"query": "q", "documents": ["a"], "return_documents": "perhaps"}',
+        b'{"query": "q", "documents": ["a"], "original_question": ["x"]}',
+        b'{"query": "q", "documents": [{"title": 3}], "rank_fields": ["title"]}',
+        b'{"query": "\\ud800", "documents": ["a"]}',
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank", "/rerank"])
+def test_no_client_mistake_gets_a_5xx(http, path, content):
+    response = http.post(path, content=content, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    assert response.json()["message"]
+
+
+def test_body_over_the_limit_gets_413_declared_or_streamed(http):
+    big = json.dumps({"query": "q", "documents": ["x" * 1000] * 250}).encode()
+    assert len(big) > MAX_BODY_BYTES
+    declared = http.post("/v2/rerank", content=big, headers={"content-type": "application/json"})
+    assert declared.status_code == 413
+    assert declared.json()["message"].startswith("body")
+
+    def chunks():
+        for i in range(0, len(big), 16384):
+            yield big[i : i + 16384]
+
+    streamed = http.post(
+        "/v2/rerank", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert streamed.status_code == 413
+
+
+def test_without_auth_configured_no_key_is_needed(http):
+    assert http.get("/health").json()["auth"] is False
+    response = http.post("/v2/rerank", json={"query": "q", "documents": ["a"]})
+    assert response.status_code == 200
+
+
+def test_with_auth_configured_the_bearer_key_is_required(served):
+    url = served["base"] + "/guarded"
+    body = {"query": QUERY, "documents": DOCUMENTS[:2]}
+    assert httpx.get(url + "/health").status_code == 200
+    missing = httpx.post(url + "/v2/rerank", json=body)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    wrong = httpx.post(url + "/v2/rerank", json=body, headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert httpx.get(url + "/v1/models").status_code == 401
+
+    co = cohere.ClientV2(api_key=API_KEY, base_url=url)
+    response = co.rerank(model="acare", query=QUERY, documents=DOCUMENTS[:2])
+    assert sorted(r.index for r in response.results) == [0, 1]
+
+
+def test_overload_gets_503_from_the_bounded_queue(served, scorer):
+    url = served["base"] + "/guarded/rerank"
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    bodies = [{"query": f"{QUERY} {i}", "texts": DOCUMENTS, "raw_scores": True} for i in range(10)]
+
+    def send(body):
+        return httpx.post(url, json=body, headers=headers, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(send, bodies))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503}, statuses
+    # 2 ongoing + 1 queued can be accepted while the first batch waits; the rest overflow.
+    assert statuses.count(503) >= len(bodies) - 3 - 2, statuses
+    assert 200 in statuses
+    for body, response in zip(bodies, responses):
+        if response.status_code == 503:
+            assert response.headers.get("retry-after") == "1"
+            continue
+        got = {r["index"]: r["score"] for r in response.json()}
+        want = expected(scorer, AgentContext(body["query"]), DOCUMENTS)
+        np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-4)
+
+
+def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, scorer):
+    config = copy.deepcopy(served["config"])
+    deployment = config["applications"][0]["deployments"][0]
+    before = http.get("/health").json()
+    original = deployment["user_config"]
+    deployment["user_config"] = {
+        "max_batch_size": 8,
+        "batch_wait_timeout_s": 1.0,
+        "max_batch_tokens": 1_000_000,
+    }
+    try:
+        deploy(config)
+        health = http.get("/health").json()
+        assert health["batching"] == deployment["user_config"]
+        assert health["replica"] == before["replica"], "user_config must not restart the replica"
+
+        queries = [f"{QUERY} {i}" for i in range(6)]
+
+        def send(query):
+            return http.post(
+                "/rerank", json={"query": query, "texts": DOCUMENTS, "raw_scores": True}
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(len(queries)) as pool:
+            responses = list(pool.map(send, queries))
+        sizes = [int(r.headers["x-acare-batch-requests"]) for r in responses]
+        assert max(sizes) > 1, sizes
+        for query, response in zip(queries, responses):
+            got = {r["index"]: r["score"] for r in response.json()}
+            want = expected(scorer, AgentContext(query), DOCUMENTS)
+            np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-4)
+        assert http.get("/health").json()["batches"]["largest"] == max(sizes)
+    finally:
+        deployment["user_config"] = original
+        deploy(config)
+
+
+def test_the_app_serves_a_trainer_checkpoint_directory(http, checkpoint, scorer):
+    assert (checkpoint / ACARE_CONFIG_FILE).is_file()
+    (card,) = http.get("/v1/models").json()["data"]
+    assert card["source"] == str(checkpoint)
+    assert card["backend"] == "causal_lm"
+    response = http.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "raw_scores": True})
+    got = {r["index"]: r["score"] for r in response.json()}
+    want = expected(scorer, AgentContext(QUERY), DOCUMENTS, Mode.M0)
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-4)
+
+
+def test_models_list_and_openapi_docs_describe_the_api(http, checkpoint):
+    models = http.get("/v1/models").json()
+    assert models["models"][0]["name"] == str(checkpoint)
+    assert models["models"][0]["endpoints"] == ["rerank"]
+    spec = http.get("/openapi.json").json()
+    assert {"/v1/rerank", "/v2/rerank", "/rerank", "/health", "/v1/models"} <= set(spec["paths"])
+    for name in ("CohereRerankRequest", "TeiRerankRequest"):
+        fields = spec["components"]["schemas"][name]["properties"]
+        assert {"original_question", "reasoning", "mode"} <= set(fields)
+    docs = http.get("/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
