@@ -1,0 +1,6 @@
+"""Offline jobs on Ray Data (DESIGN section 5): rerank, relabel and evaluate over Parquet.
+
+Each job is a config dataclass and a ``run(config)``; the Ray Data actors are thin wrappers
+around :class:`~acare_ray.scorer.Scorer` (``actor.py``) and the per-batch work is plain Python
+(``score.py``). ``job.py`` holds the shared pipeline, ``resume.py`` the resumable output folder.
+"""

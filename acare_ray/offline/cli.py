@@ -1,0 +1,145 @@
+"""``acare rerank``, ``acare relabel``, ``acare eval``: flags -> config -> ``run(config)``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable
+
+from acare_ray.metrics import DEFAULT_MEASURES
+from acare_ray.offline.job import ActorPool, ScorerSettings
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
+    parser.add_argument("--input", required=True, help="searches Parquet file or folder")
+    if output:
+        parser.add_argument("--output", required=True, help="output folder (resumed if it exists)")
+    parser.add_argument("--model", required=True, help="Hugging Face id, local path or alias")
+    pool = parser.add_argument_group("Ray")
+    pool.add_argument("--actors", default="1,2", help="actor pool size N or MIN,MAX")
+    pool.add_argument("--gpus-per-actor", type=float, default=0.0)
+    pool.add_argument("--cpus-per-actor", type=float, default=1.0)
+    pool.add_argument("--batch-size", type=int, default=32, help="searches per actor call")
+    pool.add_argument("--rows-per-file", type=int, default=10_000, help="least rows per part file")
+    pool.add_argument("--max-batch-tokens", type=int, default=None, help="scorer token budget")
+    pool.add_argument("--ray-address", default=None, help="default: RAY_ADDRESS or a local Ray")
+
+
+def _pool(args: argparse.Namespace) -> ActorPool:
+    low, high = ActorPool.parse_sizes(args.actors)
+    return ActorPool(
+        min_size=low,
+        max_size=high,
+        gpus_per_actor=args.gpus_per_actor,
+        cpus_per_actor=args.cpus_per_actor,
+        batch_size=args.batch_size,
+        rows_per_file=args.rows_per_file,
+    )
+
+
+def _reported(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Bad settings (``ValueError``: flags, a mismatched output folder) -> message, exit 2."""
+
+    @functools.wraps(command)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except ValueError as err:
+            print(f"acare {args.command}: error: {err}", file=sys.stderr)
+            return 2
+
+    return wrapper
+
+
+@_reported
+def rerank_command(args: argparse.Namespace) -> int:
+    from acare_ray.offline.rerank import RerankConfig, run
+
+    config = RerankConfig(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        mode=args.mode,
+        top_k=args.top_k,
+        pool=_pool(args),
+        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
+        ray_address=args.ray_address,
+    )
+    print(run(config).describe())
+    return 0
+
+
+@_reported
+def relabel_command(args: argparse.Namespace) -> int:
+    from acare_ray.offline.relabel import RelabelConfig, run
+    from acare_ray.offline.score import LABELER_INSTRUCTION
+
+    config = RelabelConfig(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        negatives=args.negatives,
+        pool=_pool(args),
+        scorer=ScorerSettings(
+            max_batch_tokens=args.max_batch_tokens,
+            instruction=args.instruction or LABELER_INSTRUCTION,
+        ),
+        ray_address=args.ray_address,
+    )
+    counts = run(config)
+    print(counts.describe())
+    print("status counts:", json.dumps({k: v["rows"] for k, v in counts.per_key.items()}))
+    return 0
+
+
+@_reported
+def eval_command(args: argparse.Namespace) -> int:
+    from acare_ray.offline.evaluate import EvalConfig, format_table, run
+
+    config = EvalConfig(
+        input=args.input,
+        model=args.model,
+        report_dir=args.report_dir,
+        modes=_csv(args.modes),
+        measures=_csv(args.measures),
+        test=args.test,
+        n_resamples=args.resamples,
+        seed=args.seed,
+        pool=_pool(args),
+        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
+        ray_address=args.ray_address,
+    )
+    report = run(config)
+    print(format_table(report))
+    print(f"report: {report['files']['markdown']} ({report['wall_s']:.1f} s)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    rerank = subparsers.add_parser("rerank", help="rerank searches in Parquet on Ray Data")
+    _add_common(rerank)
+    rerank.add_argument("--mode", default="auto", choices=["M0", "M1", "M2", "M3", "auto"])
+    rerank.add_argument("--top-k", type=int, default=None, help="keep the best k per search")
+    rerank.set_defaults(func=rerank_command)
+
+    relabel = subparsers.add_parser("relabel", help="label searches into training groups")
+    _add_common(relabel)
+    relabel.add_argument("--negatives", type=int, default=7, help="bottom-k as negatives")
+    relabel.add_argument("--instruction", default=None, help="labeler instruction")
+    relabel.set_defaults(func=relabel_command)
+
+    evaluate = subparsers.add_parser("eval", help="compare modes on labelled searches")
+    _add_common(evaluate, output=False)
+    evaluate.add_argument("--modes", default="M0,M2,M3")
+    evaluate.add_argument("--report-dir", required=True)
+    evaluate.add_argument("--measures", default=",".join(DEFAULT_MEASURES))
+    evaluate.add_argument("--test", default="randomization", choices=["randomization", "bootstrap"])
+    evaluate.add_argument("--resamples", type=int, default=10_000)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.set_defaults(func=eval_command)

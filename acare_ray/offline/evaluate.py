@@ -1,0 +1,276 @@
+"""``acare eval``: rerank a labelled search set in several modes and compare them.
+
+One Ray Data job scores every search in every mode (``ScorerActor`` with several modes, into
+``<report_dir>/rerank``, resumable); the driver then streams the labels and the rankings back,
+computes the measures with :func:`acare_ray.metrics.evaluate` (trec_eval semantics), a
+bootstrap CI per mode and measure, and paired tests between every two modes with Holm
+correction per measure. It writes ``report.json``, ``report.md``, ``metrics.png``, one TREC run
+per mode (``runs/<mode>.trec``) and ``qrels.trec``; :func:`format_table` prints the result.
+
+Which queries count: searches with at least one candidate of relevance >= 1 that were scored
+without error in every mode (so all modes are compared on the same queries). The others are
+counted in the report (``queries``), never silently left out. Labels are the candidates'
+``relevance``; a search whose relevant document the first stage missed has none and is
+reported as ``no_relevant_candidate``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from acare_ray.context import Mode, parse_mode
+from acare_ray.metrics import (
+    DEFAULT_MEASURES,
+    bootstrap_ci,
+    evaluate,
+    holm_bonferroni,
+    paired_bootstrap_test,
+    paired_randomization_test,
+    parse_measure,
+    write_trec_qrels,
+    write_trec_run,
+)
+from acare_ray.offline.actor import ScorerActor
+from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
+from acare_ray.offline.report import format_table, write_chart, write_markdown
+from acare_ray.offline.resume import resolve
+
+TESTS = ("randomization", "bootstrap")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """``input``: searches Parquet with candidate ``relevance`` labels; ``report_dir``: where
+    the report, run files and the resumable rerank output go.
+
+    ``test``: paired ``randomization`` (sign flip) or ``bootstrap`` test, ``n_resamples``
+    draws; ``alpha`` applies to Holm-adjusted p-values; CIs are percentile bootstrap at
+    ``confidence``.
+    """
+
+    input: str
+    model: str
+    report_dir: str
+    modes: tuple[str, ...] = ("M0", "M2", "M3")
+    measures: tuple[str, ...] = DEFAULT_MEASURES
+    test: str = "randomization"
+    n_resamples: int = 10_000
+    confidence: float = 0.95
+    alpha: float = 0.05
+    seed: int = 0
+    pool: ActorPool = field(default_factory=ActorPool)
+    scorer: ScorerSettings = field(default_factory=ScorerSettings)
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        modes = tuple(parse_mode(m) for m in self.modes)
+        if not modes or not all(isinstance(m, Mode) for m in modes):
+            raise ValueError(f"modes must be one or more of M0..M3, got {self.modes!r}")
+        if len(set(modes)) != len(modes):
+            raise ValueError(f"modes repeat: {self.modes!r}")
+        object.__setattr__(self, "modes", tuple(m.value for m in modes))
+        measures = tuple(f"{kind}@{k}" for kind, k in map(parse_measure, self.measures))
+        object.__setattr__(self, "measures", measures)
+        if self.test not in TESTS:
+            raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
+
+
+def load_qrels(path: str) -> dict[str, dict[str, int]]:
+    """``{search_id: {doc_id: relevance}}`` from the candidates' labels (unjudged left out),
+    streaming the input in batches and reading only ids and labels from the candidate lists."""
+    fs, inner, _ = resolve(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    qrels: dict[str, dict[str, int]] = {}
+    for batch in dataset.to_batches(columns=["search_id", "candidates"]):
+        candidates = batch.column("candidates")
+        flat = pc.list_flatten(candidates)
+        parents = pc.list_parent_indices(candidates).to_pylist()
+        doc_ids = pc.struct_field(flat, "doc_id").to_pylist()
+        labels = pc.struct_field(flat, "relevance").to_pylist()
+        ids = batch.column("search_id").to_pylist()
+        for parent, doc_id, rel in zip(parents, doc_ids, labels):
+            qid = ids[parent]
+            if qid is not None and doc_id is not None and rel is not None:
+                qrels.setdefault(qid, {})[doc_id] = int(rel)
+    return qrels
+
+
+def load_runs(
+    path: str, modes: tuple[str, ...]
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, int]]:
+    """``{mode: {search_id: {doc_id: score}}}`` of the rows scored without error, and the
+    number of error rows per mode."""
+    fs, inner, _ = resolve(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    runs: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in modes}
+    errored = dict.fromkeys(modes, 0)
+    for batch in dataset.to_batches(columns=["search_id", "mode", "ranking", "error"]):
+        failed = pc.is_valid(batch.column("error"))
+        for mode in pc.filter(batch.column("mode"), failed).to_pylist():
+            errored[mode] = errored.get(mode, 0) + 1
+        batch = batch.filter(pc.and_(pc.invert(failed), pc.is_valid(batch.column("search_id"))))
+        rankings = batch.column("ranking")
+        flat = pc.list_flatten(rankings)
+        parents = pc.list_parent_indices(rankings).to_pylist()
+        doc_ids = pc.struct_field(flat, "doc_id").to_pylist()
+        scores = pc.struct_field(flat, "score").to_pylist()
+        ids, row_modes = batch.column("search_id").to_pylist(), batch.column("mode").to_pylist()
+        for qid, mode in zip(ids, row_modes):
+            if mode in runs:
+                runs[mode][qid] = {}
+        for parent, doc_id, score in zip(parents, doc_ids, scores):
+            if row_modes[parent] in runs:
+                runs[row_modes[parent]][ids[parent]][doc_id] = score
+    return runs, errored
+
+
+def select_queries(
+    qrels: dict[str, dict[str, int]], runs: dict[str, dict[str, dict[str, float]]]
+) -> tuple[list[str], dict[str, int]]:
+    """Queries with a relevant candidate and a ranking in every mode; counts of the rest."""
+    relevant = {q for q, judged in qrels.items() if any(r > 0 for r in judged.values())}
+    scored = set.intersection(*(set(run) for run in runs.values()))
+    chosen = sorted(relevant & scored)
+    counts = {
+        "labelled": len(qrels),
+        "evaluated": len(chosen),
+        "no_relevant_candidate": len(set(qrels) - relevant),
+        "not_scored_in_every_mode": len(relevant - scored),
+    }
+    return chosen, counts
+
+
+def compare_modes(
+    per_query: dict[str, dict[str, dict[str, float]]], config: EvalConfig
+) -> list[dict[str, Any]]:
+    """Paired tests for every two modes and every measure; Holm across the pairs of a measure.
+
+    ``ci_low``/``ci_high`` bound the mean difference (b - a) by paired bootstrap."""
+    out = []
+    for measure in config.measures:
+        rows = []
+        for a, b in itertools.combinations(config.modes, 2):
+            va, vb = per_query[a][measure], per_query[b][measure]
+            args = {"n_resamples": config.n_resamples, "seed": config.seed}
+            boot = paired_bootstrap_test(va, vb, confidence=config.confidence, **args)
+            test = boot if config.test == "bootstrap" else paired_randomization_test(va, vb, **args)
+            rows.append(
+                {
+                    "measure": measure,
+                    "a": a,
+                    "b": b,
+                    "mean_a": test.mean_a,
+                    "mean_b": test.mean_b,
+                    "diff": test.mean_diff,
+                    "ci_low": boot.ci[0],
+                    "ci_high": boot.ci[1],
+                    "p_value": test.p_value,
+                }
+            )
+        for row, adjusted in zip(rows, holm_bonferroni([r["p_value"] for r in rows])):
+            row["p_holm"] = adjusted
+            row["significant"] = adjusted <= config.alpha
+        out.extend(rows)
+    return out
+
+
+def _input_notes(path: str) -> dict[str, Any]:
+    """``acare.*`` entries of the input's schema metadata (e.g. BM25 recall of the open set)."""
+    fs, inner, _ = resolve(path)
+    metadata = pads.dataset(inner, filesystem=fs, format="parquet").schema.metadata or {}
+    notes = {}
+    for key, value in metadata.items():
+        if key.startswith(b"acare."):
+            try:
+                notes[key.decode()] = json.loads(value)
+            except ValueError:
+                notes[key.decode()] = value.decode(errors="replace")
+    return notes
+
+
+def run(config: EvalConfig) -> dict[str, Any]:
+    """Rerank in every mode, evaluate, write the report files; returns the report (the content
+    of ``report.json``)."""
+    started = time.perf_counter()
+    out = Path(config.report_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    rerank_dir = str(out / "rerank")
+    options = config.scorer.options()
+    with ray_session(config.ray_address):
+        counts = run_job(
+            "eval",
+            config.input,
+            rerank_dir,
+            ScorerActor,
+            {"model": config.model, "modes": config.modes, "scorer_options": options},
+            config.pool,
+            manifest={"model": config.model, "modes": list(config.modes), "scorer": options},
+            key_column="mode",
+            rows_per_input=len(config.modes),
+        )
+    qrels = load_qrels(config.input)
+    runs, errored = load_runs(rerank_dir, config.modes)
+    qids, query_counts = select_queries(qrels, runs)
+    if len(qids) < 2:
+        raise ValueError(
+            f"{config.input}: only {len(qids)} searches have a relevant candidate and were "
+            f"scored in every mode ({query_counts}); need at least 2 to compare modes"
+        )
+    chosen_qrels = {q: qrels[q] for q in qids}
+    files = {"qrels": str(out / "qrels.trec"), "runs": {}}
+    write_trec_qrels(chosen_qrels, files["qrels"])
+    metrics, per_query = {}, {}
+    for mode in config.modes:
+        files["runs"][mode] = str(out / "runs" / f"{mode}.trec")
+        write_trec_run(runs[mode], files["runs"][mode], tag=f"acare-{mode}")
+        evaluation = evaluate(chosen_qrels, runs[mode], config.measures)
+        per_query[mode] = evaluation.per_query
+        metrics[mode] = {}
+        for measure in config.measures:
+            values = [evaluation.per_query[measure][q] for q in qids]
+            mean, low, high = bootstrap_ci(
+                values, config.n_resamples, config.seed, config.confidence
+            )
+            metrics[mode][measure] = {"mean": mean, "ci_low": low, "ci_high": high}
+    report: dict[str, Any] = {
+        "model": config.model,
+        "input": config.input,
+        "input_notes": _input_notes(config.input),
+        "modes": list(config.modes),
+        "measures": list(config.measures),
+        "queries": {**query_counts, "errored_rows": errored},
+        "metrics": metrics,
+        "significance": {
+            "test": config.test,
+            "n_resamples": config.n_resamples,
+            "correction": "holm (per measure, across mode pairs)",
+            "alpha": config.alpha,
+            "confidence": config.confidence,
+            "comparisons": compare_modes(per_query, config),
+        },
+        "job": counts.as_dict(),
+        "config": {**asdict(config)},
+        "files": files,
+    }
+    files |= {
+        "json": str(out / "report.json"),
+        "markdown": str(out / "report.md"),
+        "chart": str(out / "metrics.png"),
+        "rerank_output": rerank_dir,
+    }
+    write_chart(report, files["chart"])
+    report["wall_s"] = time.perf_counter() - started
+    write_markdown(report, files["markdown"])
+    Path(files["json"]).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+__all__ = ["EvalConfig", "format_table", "run"]

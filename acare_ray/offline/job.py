@@ -1,0 +1,218 @@
+"""The one pipeline every offline job runs, and its settings.
+
+``read_parquet -> skip rows already written -> map_batches(actor, ActorPoolStrategy) ->
+write_parquet``, streaming: blocks flow through and are written as they come, so memory stays
+flat as the input grows. Validation happens inside the actor's batch function (see
+:mod:`acare_ray.offline.score`), row by row. A job ends with :class:`JobCounts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from acare_ray.offline.resume import part_files, prepare_output, resolve, skip_written, tally
+from acare_ray.schema import SEARCHES
+
+log = logging.getLogger(__name__)
+
+WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class ActorPool:
+    """Scorer actors: pool size bounds, resources per actor, searches per call.
+
+    ``batch_size`` counts searches (each with all its candidates) per actor call;
+    ``rows_per_file`` is the least number of output rows per Parquet part file.
+    """
+
+    min_size: int = 1
+    max_size: int = 2
+    gpus_per_actor: float = 0.0
+    cpus_per_actor: float = 1.0
+    batch_size: int = 32
+    rows_per_file: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_size <= self.max_size:
+            raise ValueError(
+                f"actors: need 1 <= MIN <= MAX, got MIN={self.min_size}, MAX={self.max_size}"
+            )
+        if self.gpus_per_actor < 0 or self.cpus_per_actor < 0:
+            raise ValueError("gpus_per_actor and cpus_per_actor must be >= 0")
+        if self.batch_size < 1 or self.rows_per_file < 1:
+            raise ValueError("batch_size and rows_per_file must be >= 1")
+
+    @staticmethod
+    def parse_sizes(text: str) -> tuple[int, int]:
+        """``"2"`` -> (2, 2); ``"1,8"`` -> (1, 8)."""
+        try:
+            parts = [int(p) for p in text.split(",")]
+        except ValueError:
+            parts = []
+        if len(parts) == 1:
+            parts *= 2
+        if len(parts) != 2:
+            raise ValueError(f"actors must be N or MIN,MAX (integers), got {text!r}")
+        return parts[0], parts[1]
+
+
+@dataclass(frozen=True)
+class ScorerSettings:
+    """``Scorer.from_pretrained`` options (None keeps the checkpoint's or the default)."""
+
+    max_batch_tokens: int | None = None
+    max_length: int | None = None
+    instruction: str | None = None
+
+    def options(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """How a job went. ``per_key`` maps each mode (rerank) or status (relabel) written this
+    run to ``{"rows", "errored"}``. ``rows_in`` counts input rows, each of which yields
+    ``rows_per_input`` output rows (one per mode); ``already_written`` counts the output rows
+    found from earlier runs (their searches are skipped, not scored again)."""
+
+    job: str
+    output: str
+    run_id: str
+    rows_in: int
+    already_written: int
+    written: int
+    errored: int
+    output_rows: int
+    files_written: int
+    removed_incomplete: int
+    wall_s: float
+    rows_per_input: int = 1
+    per_key: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> int:
+        return self.written - self.errored
+
+    @property
+    def expected_rows(self) -> int:
+        return self.rows_in * self.rows_per_input
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "scored": self.scored, "expected_rows": self.expected_rows}
+
+    def describe(self) -> str:
+        text = (
+            f"{self.job}: rows in {self.rows_in}, written {self.written} "
+            f"(scored {self.scored}, errored {self.errored}), "
+            f"skipped as already written {self.already_written}; "
+            f"output holds {self.output_rows} of {self.expected_rows} expected rows "
+            f"({self.output}), {self.wall_s:.1f} s"
+        )
+        if self.removed_incomplete:
+            text += f"; removed {self.removed_incomplete} incomplete part files first"
+        return text
+
+
+@contextmanager
+def ray_session(address: str | None = None) -> Iterator[None]:
+    """Use the connected Ray; else connect to ``address`` (None: ``RAY_ADDRESS`` or a new
+    local cluster, as ``ray.init`` does) and disconnect at the end."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(address=address, runtime_env={"env_vars": WORKER_ENV})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def count_rows(path: str) -> int:
+    """Rows of a Parquet file or folder, from the footers."""
+    fs, inner, _ = resolve(path)
+    return pads.dataset(inner, filesystem=fs, format="parquet").count_rows()
+
+
+def input_columns(path: str, wanted: pa.Schema = SEARCHES) -> list[str]:
+    """The columns of ``wanted`` the input has (others are not read)."""
+    fs, inner, _ = resolve(path)
+    names = set(pads.dataset(inner, filesystem=fs, format="parquet").schema.names)
+    return [name for name in wanted.names if name in names]
+
+
+def run_job(
+    job: str,
+    input_path: str,
+    output: str,
+    actor: type,
+    actor_kwargs: dict[str, Any],
+    pool: ActorPool,
+    manifest: dict[str, Any],
+    key_column: str,
+    rows_per_input: int = 1,
+) -> JobCounts:
+    """Run the pipeline into ``output`` (resuming it) and count what happened.
+
+    ``actor(**actor_kwargs)`` is constructed once per pool actor and called with
+    ``pyarrow.Table`` batches of ``pool.batch_size`` searches; ``key_column`` is the output
+    column counted per value (mode or status). Needs a connected Ray (see :func:`ray_session`).
+    """
+    import ray
+    from ray.data.datasource import FilenameProvider
+
+    started = time.perf_counter()
+    rows_in = count_rows(input_path)
+    state = prepare_output(output, {"job": job, **manifest})
+    _, _, ray_input = resolve(input_path)
+    ds = ray.data.read_parquet(ray_input, columns=input_columns(input_path))
+    if state.written is not None:
+        ds = ds.map_batches(
+            skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"
+        )
+    ds = ds.map_batches(
+        actor,
+        fn_constructor_kwargs={**actor_kwargs, "cpus": pool.cpus_per_actor},
+        compute=ray.data.ActorPoolStrategy(min_size=pool.min_size, max_size=pool.max_size),
+        num_gpus=pool.gpus_per_actor or None,
+        num_cpus=pool.cpus_per_actor,
+        batch_size=pool.batch_size,
+        batch_format="pyarrow",
+    )
+    ds.write_parquet(
+        state.ray_path,
+        filename_provider=FilenameProvider(dataset_uuid=state.run_id, file_format="parquet"),
+        min_rows_per_file=pool.rows_per_file,
+    )
+    before = set(state.files_before)
+    files = part_files(state.fs, state.root)
+    mine = [p for p in files if p not in before]
+    per_key = tally(state.fs, mine, key_column)
+    written = sum(v["rows"] for v in per_key.values())
+    counts = JobCounts(
+        job=job,
+        output=output,
+        run_id=state.run_id,
+        rows_in=rows_in,
+        already_written=state.rows_before,
+        written=written,
+        errored=sum(v["errored"] for v in per_key.values()),
+        output_rows=state.rows_before + written,
+        files_written=len(mine),
+        removed_incomplete=len(state.removed_incomplete),
+        wall_s=time.perf_counter() - started,
+        rows_per_input=rows_per_input,
+        per_key=per_key,
+    )
+    log.info("%s", counts.describe())
+    return counts

@@ -1,0 +1,71 @@
+"""``acare relabel``: a labeler model turns searches into LCE training groups, over Parquet.
+
+The labeler (any model :class:`~acare_ray.scorer.Scorer` loads, typically bigger than the
+model being trained) reads each search's sub-query and reasoning plus the original question,
+the gold answer and the supporting documents (:func:`~acare_ray.offline.score.labeler_context`)
+and ranks the candidates: the best becomes the positive, the ``negatives`` worst the negatives.
+Searches of failed trajectories (``judge_ok == False``) are filtered out. The output has one
+``RELABEL_OUTPUT`` row per input row, so nothing disappears unaccounted for: ``status`` says
+whether it is a group (``ok``) or why not. :func:`read_groups` returns the groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from acare_ray.offline.actor import RelabelActor
+from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.resume import resolve
+from acare_ray.offline.score import LABELER_INSTRUCTION
+from acare_ray.schema import TRAINING_GROUPS
+
+
+@dataclass(frozen=True)
+class RelabelConfig:
+    """``input``: searches Parquet with ``question``, ``answer``, ``supporting_docs`` and
+    optionally ``judge_ok``; ``output``: a folder of ``RELABEL_OUTPUT`` part files.
+
+    The labeler's instruction defaults to :data:`LABELER_INSTRUCTION` (set
+    ``scorer.instruction`` to change it).
+    """
+
+    input: str
+    output: str
+    model: str
+    negatives: int = 7
+    pool: ActorPool = field(default_factory=ActorPool)
+    scorer: ScorerSettings = field(
+        default_factory=lambda: ScorerSettings(instruction=LABELER_INSTRUCTION)
+    )
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.negatives < 1:
+            raise ValueError(f"negatives must be >= 1, got {self.negatives}")
+
+
+def run(config: RelabelConfig) -> JobCounts:
+    """Run the relabel job; ``per_key`` of the counts is keyed by status."""
+    options = config.scorer.options()
+    with ray_session(config.ray_address):
+        return run_job(
+            "relabel",
+            config.input,
+            config.output,
+            RelabelActor,
+            {"model": config.model, "negatives": config.negatives, "scorer_options": options},
+            config.pool,
+            manifest={"model": config.model, "negatives": config.negatives, "scorer": options},
+            key_column="status",
+        )
+
+
+def read_groups(path: str) -> pa.Table:
+    """The training groups (``status == "ok"``) of a relabel output, as ``TRAINING_GROUPS``."""
+    fs, inner, _ = resolve(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    table = dataset.to_table(columns=TRAINING_GROUPS.names, filter=pads.field("status") == "ok")
+    return table.cast(TRAINING_GROUPS)

@@ -1,0 +1,137 @@
+"""Presentation of an evaluation report: the printed table, the markdown file, the PNG chart.
+
+All three read the report dict :func:`acare_ray.offline.evaluate.run` returns; nothing here
+computes a metric.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _cell(entry: dict[str, float]) -> str:
+    return f"{entry['mean']:.3f} [{entry['ci_low']:.3f}, {entry['ci_high']:.3f}]"
+
+
+def _marks(report: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """``(mode, measure) -> "*"`` where the mode differs significantly from the first mode."""
+    base = report["modes"][0]
+    out = {}
+    for row in report["significance"]["comparisons"]:
+        if row["a"] == base and row["significant"]:
+            out[row["b"], row["measure"]] = "*"
+    return out
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A fixed-width table: one row per mode, mean [CI] per measure, ``*`` = significantly
+    different from the first mode (Holm-adjusted), then the query counts."""
+    measures, modes = report["measures"], report["modes"]
+    marks = _marks(report)
+    width = 26
+    lines = ["mode  " + "".join(f"{m:<{width}}" for m in measures).rstrip()]
+    for mode in modes:
+        cells = [
+            f"{_cell(report['metrics'][mode][m]) + marks.get((mode, m), ''):<{width}}"
+            for m in measures
+        ]
+        lines.append(f"{mode:<6}" + "".join(cells).rstrip())
+    sig = report["significance"]
+    queries = report["queries"]
+    lines.append(
+        f"[{round(sig['confidence'] * 100)}% CI] = percentile bootstrap; "
+        f"* = {sig['test']} test vs {modes[0]}, Holm-adjusted p <= {sig['alpha']}"
+    )
+    lines.append(
+        f"queries evaluated: {queries['evaluated']} of {queries['labelled']} labelled "
+        f"(no relevant candidate: {queries['no_relevant_candidate']}, "
+        f"not scored in every mode: {queries['not_scored_in_every_mode']})"
+    )
+    return "\n".join(lines)
+
+
+def write_markdown(report: dict[str, Any], path: str | Path) -> None:
+    """``report.md``: settings, the metric table, every pairwise comparison, files."""
+    measures, modes = report["measures"], report["modes"]
+    marks = _marks(report)
+    sig = report["significance"]
+    job = report["job"]
+    lines = [
+        "# ACARe evaluation",
+        "",
+        f"- model: `{report['model']}`",
+        f"- input: `{report['input']}`",
+        f"- queries: {report['queries']}",
+        f"- rerank job: {job['rows_in']} searches x {len(modes)} modes; this run wrote "
+        f"{job['written']} rows ({job['errored']} errored), "
+        f"{job['already_written']} were already written",
+    ]
+    for key, value in report.get("input_notes", {}).items():
+        lines.append(f"- input note `{key}`: {value}")
+    if "wall_s" in report:
+        lines.append(f"- wall time: {report['wall_s']:.1f} s")
+    lines += [
+        "",
+        f"Mean [{round(sig['confidence'] * 100)}% bootstrap CI]; * = differs from "
+        f"{modes[0]} ({sig['test']} test, {sig['correction']}, alpha {sig['alpha']}).",
+        "",
+        "| mode | " + " | ".join(measures) + " |",
+        "|---" * (len(measures) + 1) + "|",
+    ]
+    for mode in modes:
+        cells = [_cell(report["metrics"][mode][m]) + marks.get((mode, m), "") for m in measures]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Paired comparisons",
+        "",
+        "| measure | a | b | mean a | mean b | b - a [CI] | p | p (Holm) | significant |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sig["comparisons"]:
+        lines.append(
+            f"| {row['measure']} | {row['a']} | {row['b']} | {row['mean_a']:.4f} | "
+            f"{row['mean_b']:.4f} | {row['diff']:+.4f} [{row['ci_low']:+.4f}, "
+            f"{row['ci_high']:+.4f}] | {row['p_value']:.4g} | {row['p_holm']:.4g} | "
+            f"{'yes' if row['significant'] else 'no'} |"
+        )
+    files = report["files"]
+    lines += ["", "## Files", "", f"- chart: `{files['chart']}`", f"- qrels: `{files['qrels']}`"]
+    lines += [f"- TREC run {mode}: `{p}`" for mode, p in files["runs"].items()]
+    lines.append(f"- rerank output (Parquet): `{files['rerank_output']}`")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_chart(report: dict[str, Any], path: str | Path) -> None:
+    """``metrics.png``: grouped bars, one group per measure, one bar per mode, CI whiskers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    measures, modes = report["measures"], report["modes"]
+    x = np.arange(len(measures))
+    width = 0.8 / len(modes)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(measures), 3.6), dpi=120)
+    for k, mode in enumerate(modes):
+        entries = [report["metrics"][mode][m] for m in measures]
+        means = np.array([e["mean"] for e in entries])
+        errors = np.array(
+            [
+                [e["mean"] - e["ci_low"] for e in entries],
+                [e["ci_high"] - e["mean"] for e in entries],
+            ]
+        )
+        ax.bar(
+            x + (k - (len(modes) - 1) / 2) * width, means, width, yerr=errors, capsize=3, label=mode
+        )
+    ax.set_xticks(x, measures)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("mean over queries")
+    ax.set_title(f"{Path(str(report['model'])).name}: {report['queries']['evaluated']} queries")
+    ax.legend(ncols=len(modes), loc="upper left", frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

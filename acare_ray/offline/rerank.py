@@ -1,0 +1,66 @@
+"""``acare rerank``: score every candidate of every search in one mode, over Parquet.
+
+``read_parquet -> skip searches already written -> map_batches(ScorerActor) ->
+write_parquet``; one ``RERANK_OUTPUT`` row per input row (bad rows carry their ``error``),
+resumable (see :mod:`acare_ray.offline.resume`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from acare_ray.context import parse_mode
+from acare_ray.offline.actor import ScorerActor
+from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
+
+
+@dataclass(frozen=True)
+class RerankConfig:
+    """``input``: searches Parquet (file or folder); ``output``: a folder of part files.
+
+    ``mode``: ``M0``..``M3`` or ``auto`` (each row's richest mode); ``top_k``: keep the best k
+    per search (None keeps all). ``ray_address``: None connects to ``RAY_ADDRESS`` or starts a
+    local cluster; ``"auto"`` joins a running one.
+    """
+
+    input: str
+    output: str
+    model: str
+    mode: str = "auto"
+    top_k: int | None = None
+    pool: ActorPool = field(default_factory=ActorPool)
+    scorer: ScorerSettings = field(default_factory=ScorerSettings)
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        parse_mode(self.mode)
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+
+
+def run(config: RerankConfig) -> JobCounts:
+    """Run the rerank job; returns its counts."""
+    mode = parse_mode(config.mode)
+    mode = mode if isinstance(mode, str) else mode.value
+    options = config.scorer.options()
+    with ray_session(config.ray_address):
+        return run_job(
+            "rerank",
+            config.input,
+            config.output,
+            ScorerActor,
+            {
+                "model": config.model,
+                "modes": (mode,),
+                "top_k": config.top_k,
+                "scorer_options": options,
+            },
+            config.pool,
+            manifest={
+                "model": config.model,
+                "modes": [mode],
+                "top_k": config.top_k,
+                "scorer": options,
+            },
+            key_column="mode",
+        )

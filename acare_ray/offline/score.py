@@ -1,0 +1,209 @@
+"""Pure batch functions the offline actors run: rows of searches in, output rows out.
+
+No Ray here: an actor loads a :class:`~acare_ray.scorer.Scorer` once and calls these per batch,
+and tests call them directly. The bad-row contract holds per row: a row that fails validation,
+asks for a mode whose field it lacks, or fails to score becomes an output row with ``error``
+set, never an exception that would fail the batch (and with it the job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from acare_ray.context import AgentContext, Mode, parse_mode
+from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
+from acare_ray.scorer import Scorer
+
+RELABEL_OUTPUT = (
+    TRAINING_GROUPS.insert(0, pa.field("search_id", pa.string()))
+    .append(pa.field("status", pa.string()))
+    .append(pa.field("error", pa.string()))
+)
+"""One row per input search: a ``TRAINING_GROUPS`` row plus ``search_id``, ``status`` (``ok``
+or why no group came out: ``invalid``, ``failed_trajectory``, ``too_few_candidates``,
+``scoring_failed``) and ``error`` (null when ``ok``). Only ``ok`` rows are training groups."""
+
+STATUSES = ("ok", "invalid", "failed_trajectory", "too_few_candidates", "scoring_failed")
+
+LABELER_INSTRUCTION = (
+    "Given a search query issued during a research session, the original question, its gold "
+    "answer and the documents that support that answer, judge whether the passage helps answer "
+    "the query on the way to the gold answer"
+)
+
+
+Parsed = tuple[str | None, Search | RowError]
+
+
+def parse_rows(rows: Sequence[Mapping[str, Any]]) -> list[Parsed]:
+    """``(search_id or None, parse_search(row))`` per row; a bad row has its :class:`RowError`
+    in place of the search."""
+    out: list[Parsed] = []
+    for index, row in enumerate(rows):
+        ident = row.get("search_id") if isinstance(row, Mapping) else None
+        ident = ident if isinstance(ident, str) else None
+        try:
+            out.append((ident, parse_search(row, index)))
+        except RowError as err:
+            out.append((ident, err))
+    return out
+
+
+def score_isolated(
+    scorer: Scorer, items: list[tuple[AgentContext, list[str]]], mode: str | Mode
+) -> list[np.ndarray | Exception]:
+    """``score_many`` over all items; if that fails, each item alone, so one bad search only
+    fails itself (its exception takes its place in the result)."""
+    if not items:
+        return []
+    try:
+        return list(scorer.score_many(items, mode))
+    except Exception:  # noqa: BLE001 - isolate below; every item still gets a result
+        pass
+    out: list[np.ndarray | Exception] = []
+    for item in items:
+        try:
+            out.append(scorer.score_many([item], mode)[0])
+        except Exception as err:  # noqa: BLE001 - recorded in the row's error
+            out.append(err)
+    return out
+
+
+def _failure(search_id: str, err: Exception) -> str:
+    return f"search_id={search_id}: scoring failed: {type(err).__name__}: {err}"
+
+
+def rerank_mode(
+    scorer: Scorer, parsed: Sequence[Parsed], mode: str, top_k: int | None
+) -> list[dict[str, Any]]:
+    """``RERANK_OUTPUT`` rows for one mode, one per parsed row, in input order.
+
+    ``mode`` ``"auto"`` records each row's resolved mode; an error row of a row that could not
+    be parsed records the mode as requested.
+    """
+    requested = parse_mode(mode)
+    name = requested.value if isinstance(requested, Mode) else requested
+    out: list[dict[str, Any] | None] = [None] * len(parsed)
+    ready: list[tuple[int, Search, Mode]] = []
+    for i, (ident, item) in enumerate(parsed):
+        if isinstance(item, RowError):
+            out[i] = error_row(ident, name, str(item))
+            continue
+        try:
+            ready.append((i, item, item.context.resolve_mode(requested)))
+        except ValueError as err:
+            out[i] = error_row(item.search_id, name, f"search_id={item.search_id}: {err}")
+    items = [(s.context, [c.text for c in s.candidates]) for _, s, _ in ready]
+    for (i, search, resolved), scores in zip(ready, score_isolated(scorer, items, requested)):
+        if isinstance(scores, Exception):
+            out[i] = error_row(search.search_id, resolved, _failure(search.search_id, scores))
+            continue
+        doc_ids = [c.doc_id for c in search.candidates]
+        try:
+            out[i] = rerank_row(search.search_id, resolved, doc_ids, scores, top_k)
+        except RowError as err:
+            out[i] = error_row(search.search_id, resolved, str(err))
+    return out  # type: ignore[return-value]
+
+
+def rerank_rows(
+    scorer: Scorer,
+    rows: Sequence[Mapping[str, Any]],
+    modes: Sequence[str],
+    top_k: int | None = None,
+) -> list[dict[str, Any]]:
+    """For each mode, one ``RERANK_OUTPUT`` row per input row (all rows of a mode together)."""
+    parsed = parse_rows(rows)
+    return [out for mode in modes for out in rerank_mode(scorer, parsed, mode, top_k)]
+
+
+def labeler_context(search: Search) -> AgentContext:
+    """What the labeler reads: the agent's sub-query and reasoning, and in the question block
+    the original question, the gold answer and the supporting documents' texts (those among
+    the candidates, in candidate order). Fields absent from the row are left out."""
+    supporting = set(search.supporting_docs or ())
+    texts = [c.text for c in search.candidates if c.doc_id in supporting]
+    parts = [search.context.question or ""]
+    if search.answer and search.answer.strip():
+        parts.append(f"#Gold Answer: {search.answer}")
+    if texts:
+        parts.append(
+            "#Supporting Documents:\n" + "\n".join(f"[{k}] {t}" for k, t in enumerate(texts, 1))
+        )
+    question = "\n".join(p for p in parts if p.strip()) or None
+    return AgentContext(search.context.sub_query, question, search.context.reasoning)
+
+
+def _doc(search: Search, index: int) -> dict[str, str]:
+    candidate = search.candidates[index]
+    return {"doc_id": candidate.doc_id, "text": candidate.text}
+
+
+def _relabel_row(
+    search_id: str | None,
+    search: Search | None,
+    status: str,
+    error: str | None = None,
+    order: np.ndarray | None = None,
+    negatives: int = 0,
+) -> dict[str, Any]:
+    context = search.context if search is not None else None
+    ok = status == "ok" and order is not None and search is not None
+    return {
+        "search_id": search_id,
+        "group_id": search_id,
+        "session_id": (search.session_id or search.search_id) if search is not None else None,
+        "sub_query": context.sub_query if context else None,
+        "question": context.question if context else None,
+        "reasoning": context.reasoning if context else None,
+        "positive": _doc(search, int(order[0])) if ok else None,
+        "negatives": [_doc(search, int(i)) for i in order[-negatives:]] if ok else [],
+        "status": status,
+        "error": error,
+    }
+
+
+def relabel_rows(
+    scorer: Scorer, rows: Sequence[Mapping[str, Any]], negatives: int = 7
+) -> list[dict[str, Any]]:
+    """``RELABEL_OUTPUT`` rows, one per input row, in input order.
+
+    The labeler scores each usable search's candidates in :func:`labeler_context`; the best
+    becomes the positive, the ``negatives`` worst the negatives (worst last; ties keep input
+    order). ``judge_ok == False`` -> ``failed_trajectory``; fewer than ``negatives + 1``
+    candidates -> ``too_few_candidates``.
+    """
+    if negatives < 1:
+        raise ValueError(f"negatives must be >= 1, got {negatives}")
+    out: list[dict[str, Any] | None] = [None] * len(rows)
+    ready: list[tuple[int, Search]] = []
+    for i, (ident, item) in enumerate(parse_rows(rows)):
+        if isinstance(item, RowError):
+            out[i] = _relabel_row(ident, None, "invalid", str(item))
+        elif item.judge_ok is False:
+            message = f"search_id={item.search_id}: judge_ok is False (failed trajectory)"
+            out[i] = _relabel_row(item.search_id, item, "failed_trajectory", message)
+        elif len(item.candidates) < negatives + 1:
+            message = (
+                f"search_id={item.search_id}: candidates has {len(item.candidates)} entries, "
+                f"a group needs {negatives + 1}"
+            )
+            out[i] = _relabel_row(item.search_id, item, "too_few_candidates", message)
+        else:
+            ready.append((i, item))
+    items = [(labeler_context(s), [c.text for c in s.candidates]) for _, s in ready]
+    for (i, search), scores in zip(ready, score_isolated(scorer, items, "auto")):
+        if isinstance(scores, Exception):
+            message = _failure(search.search_id, scores)
+            out[i] = _relabel_row(search.search_id, search, "scoring_failed", message)
+        elif np.isnan(scores).any():
+            message = f"search_id={search.search_id}: the labeler returned a NaN score"
+            out[i] = _relabel_row(search.search_id, search, "scoring_failed", message)
+        else:
+            order = np.argsort(-scores, kind="stable")
+            out[i] = _relabel_row(search.search_id, search, "ok", None, order, negatives)
+    return out  # type: ignore[return-value]
