@@ -31,8 +31,8 @@ CHARS_PER_TOKEN_BOUND = 8
 class FittedDocuments:
     """Documents as they will be scored, and their token counts.
 
-    ``texts[i]`` is document ``i`` cut to at most ``limit`` tokens; ``kept[i]`` its token
-    count after the cut; ``original[i]`` its count before (a lower bound when the text was so
+    ``texts[i]`` is document ``i`` cut at a word boundary to at most ``limit`` tokens;
+    ``kept[i]`` its token count after the cut; ``original[i]`` its count before (a lower bound when the text was so
     long that only a prefix had to be tokenized to know it is over the limit).
     """
 
@@ -109,9 +109,9 @@ class TokenLayout:
                 texts.append(doc)
                 kept.append(len(ids))
                 continue
-            text = self._cut(doc, offsets, base, limit, keep_end)
+            text, count = self._cut(doc, offsets, base, limit, keep_end)
             texts.append(text)
-            kept.append(limit)
+            kept.append(count)
         return FittedDocuments(texts, kept, original)
 
     def _encode(self, pieces: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
@@ -122,19 +122,36 @@ class TokenLayout:
 
     def _cut(
         self, doc: str, offsets: list[tuple[int, int]], base: int, limit: int, keep_end: bool
-    ) -> str:
-        """The text of ``limit`` whole tokens; a cut that leaves only whitespace takes one more."""
-        shift = base - len(self.lead)
+    ) -> tuple[str, int]:
+        """The kept text and its token count: at most ``limit`` whole tokens, cut at a space.
+
+        Cutting where a word ends (or, keeping the end, where one starts) means the kept text
+        tokenizes to exactly those tokens; a cut inside a word happens only when no word
+        boundary lies within the limit. A cut that would leave only whitespace takes more.
+        """
+        n = len(offsets)
+
+        def at(char: int) -> int:
+            return min(max(char + base - len(self.lead), 0), len(doc))
+
         if keep_end:
-            first = len(offsets) - limit
-            while True:
-                text = doc[max(offsets[first][0] + shift, 0) :]
-                if text.strip() or first == 0:
-                    return text
-                first -= 1
-        last = limit - 1
-        while True:
-            text = doc[: max(offsets[last][1] + shift, 0)]
-            if text.strip() or last == len(offsets) - 1:
-                return text
-            last += 1
+            firsts = range(n - limit, n)
+            clean = [
+                j
+                for j in firsts
+                if (s := at(offsets[j][0])) == 0 or doc[s].isspace() or doc[s - 1].isspace()
+            ]
+            order = [*clean, n - limit, *range(n - limit - 1, -1, -1)]
+            for first in order:
+                text = doc[at(offsets[first][0]) :].lstrip()
+                if text.strip():
+                    return text, n - first
+        else:
+            lasts = range(limit - 1, -1, -1)
+            clean = [j for j in lasts if (e := at(offsets[j][1])) >= len(doc) or doc[e].isspace()]
+            order = [*clean, limit - 1, *range(limit, n)]
+            for last in order:
+                text = doc[: at(offsets[last][1])]
+                if text.strip():
+                    return text, last + 1
+        return doc, n

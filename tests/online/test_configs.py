@@ -1,0 +1,143 @@
+"""Serve configs, the application builder, the batch sizing rule and ``acare serve`` flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve import Application
+from ray.serve.schema import ServeDeploySchema
+
+from acare_ray.cli import main
+from acare_ray.context import AgentContext, Mode
+from acare_ray.online.deployment import (
+    DEFAULT_MAX_BATCH_SIZE,
+    AppArgs,
+    BatchSettings,
+    Pending,
+    Reranker,
+    batch_slots,
+    build_app,
+)
+from acare_ray.online.service import ScoringJob
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "serve_configs").glob("*.yaml"))
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def deployments(config: dict):
+    for app in config["applications"]:
+        for deployment in app.get("deployments", []):
+            yield app, deployment
+
+
+def test_both_configs_exist():
+    assert {p.name for p in CONFIGS} >= {"local.yaml", "gpu.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_is_a_valid_serve_config_for_this_app(path):
+    config = load(path)
+    ServeDeploySchema.model_validate(config)
+    for app, deployment in deployments(config):
+        assert app["import_path"] == "acare_ray.online.deployment:build_app"
+        AppArgs.model_validate(app["args"])
+        batching = BatchSettings.model_validate(deployment["user_config"])
+        assert deployment["max_ongoing_requests"] >= batching.max_batch_size, (
+            "a replica must accept enough requests to fill a batch"
+        )
+        assert deployment["max_queued_requests"] > 0, "the queue must be bounded"
+        assert isinstance(build_app(AppArgs.model_validate(app["args"])), Application)
+
+
+def test_gpu_config_autoscales_one_gpu_replicas():
+    (app,) = load(REPO / "serve_configs" / "gpu.yaml")["applications"]
+    (deployment,) = app["deployments"]
+    assert deployment["ray_actor_options"]["num_gpus"] == 1
+    scaling = deployment["autoscaling_config"]
+    assert 1 <= scaling["min_replicas"] <= scaling["initial_replicas"] <= scaling["max_replicas"]
+    assert 0 < scaling["target_ongoing_requests"] <= deployment["max_ongoing_requests"]
+    assert "num_replicas" not in deployment
+    assert app["args"]["device"] == "cuda"
+
+
+def test_builder_takes_serve_run_string_arguments():
+    args = AppArgs.model_validate({"model": "some/ckpt", "max_documents": "10", "device": "cpu"})
+    app = build_app(args)
+    assert isinstance(app, Application)
+    assert isinstance(build_app({"model": "x"}), Application)
+    with pytest.raises(ValueError, match="max_document"):
+        AppArgs.model_validate({"max_document": 3})
+
+
+def test_code_defaults_keep_a_batch_fillable():
+    options = Reranker._deployment_config
+    assert options.max_ongoing_requests >= DEFAULT_MAX_BATCH_SIZE
+    assert options.max_queued_requests > 0
+    assert (
+        BatchSettings.model_validate(options.user_config).max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    )
+
+
+def pending(tokens: int, slot: float = 100.0) -> Pending:
+    job = ScoringJob(AgentContext("q"), Mode.M0, ("d",), tokens=tokens)
+    return Pending(job, slot)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "size"),
+    [
+        ([5000], 1),
+        ([10, 10, 10], 3),
+        ([150, 150, 150], 5),
+        ([1000, 1], 11),
+    ],
+)
+def test_a_batch_is_sized_by_requests_or_tokens_whichever_is_more(tokens, size):
+    assert batch_slots([pending(t) for t in tokens]) == size
+
+
+def test_acare_serve_applies_model_and_port_overrides(capsys, tmp_path):
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    code = main(
+        [
+            "serve",
+            "--config",
+            str(REPO / "serve_configs" / "local.yaml"),
+            "--model",
+            str(model),
+            "--port",
+            "9123",
+            "--print-config",
+        ]
+    )
+    assert code == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    ServeDeploySchema.model_validate(config)
+    assert config["http_options"]["port"] == 9123
+    assert config["applications"][0]["args"]["model"] == str(model.resolve())
+    assert load(REPO / "serve_configs" / "local.yaml")["http_options"]["port"] != 9123
+
+
+def test_acare_serve_keeps_hub_ids_and_reports_a_missing_config(capsys, tmp_path):
+    code = main(
+        [
+            "serve",
+            "--config",
+            str(REPO / "serve_configs" / "gpu.yaml"),
+            "--model",
+            "Qwen/Qwen3-Reranker-0.6B",
+            "--print-config",
+        ]
+    )
+    assert code == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["applications"][0]["args"]["model"] == "Qwen/Qwen3-Reranker-0.6B"
+    assert main(["serve", "--config", str(tmp_path / "nope.yaml"), "--print-config"]) == 2
+    assert "nope.yaml" in capsys.readouterr().err

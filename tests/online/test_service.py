@@ -1,0 +1,151 @@
+"""RerankService without HTTP or Ray: validation, truncation, token accounting, batch scoring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from acare_ray.context import AgentContext, Mode
+from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob, Search
+from acare_ray.scorer import Scorer
+
+QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
+REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
+DOCUMENTS = [
+    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
+    "Paris is the capital of France.",
+    "The capital of Zandor, Quell, counts 300,000 inhabitants according to the 2011 census. " * 3,
+    "Velmoria is a small country.",
+]
+LONG = "Ostrava is the capital of Velmoria and home to many museums, parks and bridges. " * 20
+
+
+@pytest.fixture(scope="module")
+def causal(tiny_scorer) -> RerankService:
+    return RerankService(tiny_scorer, "tiny")
+
+
+@pytest.fixture(scope="module")
+def cross(minilm_scorer) -> RerankService:
+    return RerankService(minilm_scorer, "minilm")
+
+
+def search(**fields) -> Search:
+    return Search(**({"query": "capital population", "documents": DOCUMENTS} | fields))
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+def test_job_tokens_equal_the_tokens_the_backend_computes(request, backend):
+    service = request.getfixturevalue(backend)
+    job = service.prepare(search(original_question=QUESTION, reasoning=REASONING))
+    before = service.scorer.stats.real_tokens
+    service.score([job])
+    assert job.tokens == service.scorer.stats.real_tokens - before
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+@pytest.mark.parametrize("keep_end", [False, True])
+@pytest.mark.parametrize("limit", [3, 9, 40])
+def test_truncation_keeps_whole_first_or_last_tokens(request, backend, keep_end, limit):
+    layout = request.getfixturevalue(backend).layout
+
+    def ids(text: str) -> list[int]:
+        return layout.tokenizer(layout.lead + text, add_special_tokens=False)["input_ids"]
+
+    fitted = layout.fit([LONG, "short"], limit=limit, keep_end=keep_end)
+    full, cut = ids(LONG), ids(fitted.texts[0])
+    assert cut == (full[-len(cut) :] if keep_end else full[: len(cut)])
+    assert fitted.kept[0] == len(cut)
+    assert limit - 4 <= len(cut) <= limit, "cut at the last word boundary within the limit"
+    assert LONG.endswith(fitted.texts[0]) if keep_end else LONG.startswith(fitted.texts[0])
+    assert fitted.original == [len(full), len(ids("short"))]
+    assert fitted.texts[1] == "short" and fitted.kept[1] == len(ids("short"))
+
+
+def test_max_tokens_per_doc_cuts_only_longer_documents_and_records_them(causal):
+    job = causal.prepare(search(documents=[DOCUMENTS[1], LONG], max_tokens_per_doc=12))
+    assert job.documents[0] == DOCUMENTS[1]
+    assert LONG.startswith(job.documents[1]) and len(job.documents[1]) < len(LONG)
+    assert job.truncated == (1,) and job.limit == 12
+    assert job.tokens == causal.layout.cost(
+        causal.layout.context_tokens(job.context, job.mode),
+        [len(causal.layout.tokenizer(" " + d)["input_ids"]) for d in job.documents],
+    )
+
+
+def test_documents_are_cut_to_fit_the_model_unless_truncation_is_refused(tiny_qwen3_dir):
+    scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", max_length=160)
+    service = RerankService(scorer, "tiny")
+    job = service.prepare(search(documents=["short", LONG]))
+    assert job.truncated == (1,)
+    assert job.tokens <= 2 * 160
+    with pytest.raises(ClientError) as refused:
+        service.prepare(search(documents=["short", LONG], truncate=False, documents_field="texts"))
+    assert refused.value.status == 413 and refused.value.field == "texts[1]"
+    strict = RerankService(scorer, "tiny", Limits(auto_truncate=False))
+    with pytest.raises(ClientError, match=r"^documents\[1\]"):
+        strict.prepare(search(documents=["short", LONG]))
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "field"),
+    [
+        ({"mode": "M2"}, 422, "original_question"),
+        ({"mode": "M3", "original_question": QUESTION}, 422, "reasoning"),
+        ({"mode": "M1", "reasoning": "  "}, 422, "reasoning"),
+        ({"mode": "sideways"}, 422, "mode"),
+        ({"query": " \n"}, 422, "query"),
+        ({"documents": ["a", " "]}, 422, "documents[1]"),
+        ({"documents": ["a", "b\ud800"]}, 422, "documents[1]"),
+        ({"reasoning": "\udfff"}, 422, "reasoning"),
+    ],
+)
+def test_client_mistakes_name_the_request_field(causal, fields, status, field):
+    with pytest.raises(ClientError) as error:
+        causal.prepare(search(**fields))
+    assert (error.value.status, error.value.field) == (status, field)
+    assert error.value.message.startswith(field)
+
+
+def test_too_many_documents_is_413(tiny_scorer):
+    service = RerankService(tiny_scorer, "tiny", Limits(max_documents=3))
+    with pytest.raises(ClientError) as error:
+        service.prepare(search())
+    assert (error.value.status, error.value.field) == (413, "documents")
+
+
+def test_auto_mode_reads_every_given_field_and_empty_fields_count_as_absent(causal):
+    assert causal.prepare(search(original_question=QUESTION, reasoning=REASONING)).mode == Mode.M3
+    assert causal.prepare(search(original_question=QUESTION, reasoning="")).mode == Mode.M2
+    assert causal.prepare(search(reasoning=REASONING)).mode == Mode.M1
+    forced = causal.prepare(search(original_question=QUESTION, reasoning=REASONING, mode="M0"))
+    assert forced.mode == Mode.M0 and forced.context == AgentContext("capital population")
+
+
+def test_a_batch_of_jobs_scores_like_each_search_alone(causal, tiny_scorer):
+    searches = [
+        search(original_question=QUESTION, reasoning=REASONING),
+        search(query="Velmoria capital", documents=DOCUMENTS[:2], mode="M0"),
+        search(reasoning=REASONING, documents=DOCUMENTS[1:]),
+    ]
+    jobs = [causal.prepare(s) for s in searches]
+    batched = causal.score(jobs)
+    for s, job, got in zip(searches, jobs, batched):
+        context = AgentContext(s.query, question=s.original_question, reasoning=s.reasoning)
+        want = tiny_scorer.score(context, list(s.documents), job.mode)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_a_job_the_scorer_rejects_does_not_fail_the_others(causal, tiny_scorer):
+    good = causal.prepare(search())
+    bad = ScoringJob(AgentContext("q"), Mode.M0, documents=("fine", ""))
+    results = causal.score([good, bad, good])
+    assert isinstance(results[1], ValueError) and "documents[1]" in str(results[1])
+    want = tiny_scorer.score(AgentContext("capital population"), DOCUMENTS, Mode.M0)
+    np.testing.assert_allclose(results[0], want, atol=1e-5)
+    np.testing.assert_allclose(results[2], want, atol=1e-5)
+
+
+def test_empty_documents_cost_nothing(causal):
+    job = causal.prepare(search(documents=[], original_question=QUESTION))
+    assert job.documents == () and job.tokens == 0 and job.mode == Mode.M2
