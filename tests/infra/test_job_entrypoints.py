@@ -1,0 +1,110 @@
+"""Every job entrypoint (RayJob manifests and jobs/*.yaml specs) parses with the real ``acare`` CLI.
+
+An entrypoint is split with shlex, its leading ``acare`` (or ``python -m acare_ray.cli``) is
+stripped, and the rest goes through ``acare_ray.cli.build_parser().parse_args``: a renamed or
+removed flag fails here, not on the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+from infra_support import KUBERAY, REPO, load_yaml_documents
+
+from acare_ray.cli import build_parser
+
+JOB_COMMANDS = ("rerank", "relabel", "eval", "train")
+CLI_PREFIXES = (["acare"], ["python", "-m", "acare_ray.cli"], ["python3", "-m", "acare_ray.cli"])
+JOB_SPECS = {name: REPO / "jobs" / f"{name}.yaml" for name in JOB_COMMANDS}
+RAYJOBS = {name: KUBERAY / f"rayjob-{name}.yaml" for name in JOB_COMMANDS}
+
+
+def cli_argv(entrypoint: str) -> list[str]:
+    """The ``acare`` arguments of an entrypoint command line."""
+    argv = shlex.split(entrypoint)
+    for prefix in CLI_PREFIXES:
+        if argv[: len(prefix)] == prefix:
+            return argv[len(prefix) :]
+    raise AssertionError(f"entrypoint does not run the acare CLI: {entrypoint!r}")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exit:
+        pytest.fail(f"the acare CLI rejects `acare {shlex.join(argv)}` (exit {exit.code})")
+
+
+def flag_values(argv: list[str]) -> list[str]:
+    """Every argument value, ``--flag=value`` split, in order."""
+    return [
+        token.split("=", 1)[1] if token.startswith("--") and "=" in token else token
+        for token in argv
+    ]
+
+
+def only_doc(path: Path) -> dict[str, Any]:
+    assert path.is_file(), f"{path.relative_to(REPO)} is missing"
+    (doc,) = load_yaml_documents(path)
+    return doc
+
+
+def shared_mounts() -> set[str]:
+    """Mount paths present on the head and on every worker group of raycluster.yaml."""
+    spec = only_doc(KUBERAY / "raycluster.yaml")["spec"]
+    pods = [spec["headGroupSpec"]["template"]["spec"]] + [
+        g["template"]["spec"] for g in spec["workerGroupSpecs"]
+    ]
+    per_pod = [
+        {m["mountPath"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+        for pod in pods
+    ]
+    return set.intersection(*per_pod)
+
+
+@pytest.mark.parametrize("command", JOB_COMMANDS)
+def test_rayjob_entrypoint_parses_with_the_real_cli(command):
+    args = parse(cli_argv(only_doc(RAYJOBS[command])["spec"]["entrypoint"]))
+    assert args.command == command and callable(args.func)
+
+
+@pytest.mark.parametrize("command", JOB_COMMANDS)
+def test_rayjob_paths_live_on_storage_every_ray_pod_mounts(command):
+    argv = cli_argv(only_doc(RAYJOBS[command])["spec"]["entrypoint"])
+    mounts = [PurePosixPath(m) for m in shared_mounts()]
+    paths = [PurePosixPath(v) for v in flag_values(argv) if v.startswith("/")]
+    assert paths, f"rayjob-{command}: no cluster path in the entrypoint"
+    for path in paths:
+        assert any(path.is_relative_to(m) for m in mounts), f"{path} is on no shared mount"
+
+
+@pytest.mark.parametrize("command", JOB_COMMANDS)
+def test_job_spec_entrypoint_parses_and_its_files_exist(command):
+    spec = only_doc(JOB_SPECS[command])
+    argv = cli_argv(spec["entrypoint"])
+    args = parse(argv)
+    assert args.command == command and callable(args.func)
+    working_dir = spec.get("runtime_env", {}).get("working_dir")
+    base = REPO
+    if working_dir and "://" not in working_dir:
+        base = (REPO / working_dir).resolve()
+        assert base.is_dir(), f"jobs/{command}.yaml: working_dir {working_dir!r} does not exist"
+    for value in flag_values(argv):
+        if value.endswith((".yaml", ".yml")) and "://" not in value:
+            assert (base / value).is_file(), f"jobs/{command}.yaml references missing {value}"
+
+
+def test_a_renamed_flag_is_caught():
+    argv = cli_argv(only_doc(RAYJOBS["rerank"])["spec"]["entrypoint"])
+    with pytest.raises(pytest.fail.Exception, match="rejects"):
+        parse([*argv, "--no-such-flag", "1"])
+
+
+def test_an_entrypoint_that_is_not_the_cli_is_caught():
+    with pytest.raises(AssertionError, match="does not run the acare CLI"):
+        cli_argv("python my_script.py --input x")
+    assert cli_argv("python -m acare_ray.cli rerank --x 1") == ["rerank", "--x", "1"]
