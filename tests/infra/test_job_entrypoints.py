@@ -8,6 +8,7 @@ removed flag fails here, not on the cluster.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -21,6 +22,28 @@ JOB_COMMANDS = ("rerank", "relabel", "eval", "train")
 CLI_PREFIXES = (["acare"], ["python", "-m", "acare_ray.cli"], ["python3", "-m", "acare_ray.cli"])
 JOB_SPECS = {name: REPO / "jobs" / f"{name}.yaml" for name in JOB_COMMANDS}
 RAYJOBS = {name: KUBERAY / f"rayjob-{name}.yaml" for name in JOB_COMMANDS}
+CLUSTER_DOC = REPO / "docs" / "cluster.md"
+
+
+def documented_shell_lines() -> list[str]:
+    """The lines of docs/cluster.md's bash blocks, continuations joined, comments cut."""
+    text = CLUSTER_DOC.read_text(encoding="utf-8") if CLUSTER_DOC.is_file() else ""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            lines.append(re.sub(r"\s+#\s.*$", "", line).strip())
+    return lines
+
+
+def documented_cli_commands() -> list[str]:
+    """``acare ...`` command lines in the doc, also those after ``ray job submit ... --``."""
+    commands = []
+    for line in documented_shell_lines():
+        if " -- acare " in line:
+            commands.append(line.split(" -- ", 1)[1])
+        elif line.startswith("acare "):
+            commands.append(line)
+    return commands
 
 
 def cli_argv(entrypoint: str) -> list[str]:
@@ -96,6 +119,25 @@ def test_job_spec_entrypoint_parses_and_its_files_exist(command):
     for value in flag_values(argv):
         if value.endswith((".yaml", ".yml")) and "://" not in value:
             assert (base / value).is_file(), f"jobs/{command}.yaml references missing {value}"
+
+
+def test_the_cluster_doc_submits_every_job():
+    documented = {cli_argv(c)[0] for c in documented_cli_commands()}
+    assert set(JOB_COMMANDS) <= documented, documented
+
+
+@pytest.mark.parametrize("command", documented_cli_commands(), ids=lambda c: c.split()[1])
+def test_documented_command_parses_with_the_real_cli(command):
+    args = parse(cli_argv(command))
+    assert callable(args.func)
+
+
+def test_files_the_cluster_doc_applies_or_deploys_exist():
+    pattern = re.compile(r"(?:kubectl apply(?: --dry-run=\S+)? -f|serve deploy) (\S+)")
+    paths = [m.group(1) for line in documented_shell_lines() for m in pattern.finditer(line)]
+    assert paths, "no kubectl apply / serve deploy in docs/cluster.md"
+    for path in paths:
+        assert (REPO / path).exists(), f"docs/cluster.md uses missing {path}"
 
 
 def test_a_renamed_flag_is_caught():
