@@ -1,0 +1,279 @@
+"""Scorer benchmark: acare_ray's shared-prefix Scorer against the official Hugging Face recipe.
+
+One process, one random-weight Qwen3 of real width (shapes from ``shared/models/configs``) and
+the real Qwen3 tokenizer; searches of 100 candidates; modes M0 (sub-query only) and M3 (question
+plus ~512 tokens of reasoning). Methods, on the same model object and the same inputs:
+
+- ``official``: the Qwen3-Reranker README recipe (each pair tokenized whole, left padding, fixed
+  batch size, full-vocabulary logits at every position, then ``logits[:, -1]``);
+- ``strong``: the same with ``logits_to_keep=1`` (vocabulary head on the last position only);
+- ``ours``: ``Scorer.score_many`` (prefix once per search, token-budget batches, two-row head).
+
+Rounds are interleaved (round r runs every method on search r) so that load from other
+processes hits all methods alike. Writes ``<out>/<label>.json`` and ``<out>/<label>.md``.
+``make bench`` runs the defaults (CPU, a few minutes on 2 cores); see ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from hf_recipe import OfficialRecipe
+from measure import H100_H200_BF16_DENSE_FLOPS, measure, non_embedding_params
+from report import environment, score_gap, summarise, targets, write
+from workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
+
+from acare_ray.context import Mode
+from acare_ray.prompt import SYSTEM_PREFIX
+from acare_ray.scorer import Scorer
+from acare_ray.testing import build_random_qwen3
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SCORE_ATOL = {"float32": 1e-3, "bfloat16": 0.25}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    config: str = "Qwen3-Reranker-0.6B"
+    layers: int | None = 4
+    device: str = "cpu"
+    dtype: str = "float32"
+    workload: str = "musique"
+    modes: tuple[str, ...] = ("M0", "M3")
+    rounds: int = 3
+    candidates: int = 100
+    baseline_stride: int = 4
+    official_pairs: int = 8
+    batch_size: int = 8
+    prefix_tokens: int = 1000
+    doc_tokens: int = 256
+    max_batch_tokens: int = 16384
+    peak_flops: float | None = None
+    threads: int | None = None
+    seed: int = 0
+    name: str | None = None
+    out: str = str(RESULTS)
+
+    @property
+    def label(self) -> str:
+        layers = "" if self.layers is None else f"-L{self.layers}"
+        return self.name or f"{self.device}-{self.config}{layers}-{self.dtype}-{self.workload}"
+
+
+def build_model(cfg: BenchConfig, folder: Path) -> Path:
+    overrides = {} if cfg.layers is None else {"num_hidden_layers": cfg.layers}
+    base = None if cfg.config == "tiny" else cfg.config
+    dtype = getattr(torch, cfg.dtype)
+    return build_random_qwen3(folder, base_config=base, dtype=dtype, **overrides)
+
+
+def pair_bodies(scorer: Scorer, search: Search, mode: Mode, indices: list[int]) -> list[str]:
+    """Official ``<Instruct>...<Document>: doc`` bodies, with the same capped fields as ours."""
+    head = scorer.backend.encoder.prefix_text(search.context, mode)[len(SYSTEM_PREFIX) :]
+    return [f"{head} {search.documents[i]}" for i in indices]
+
+
+def run_ours(scorer: Scorer, search: Search, mode: Mode, device: torch.device) -> dict:
+    stats = scorer.stats
+    before = (stats.real_tokens, stats.computed_tokens, stats.tokenize_s)
+    scores, measured = measure(lambda: scorer.score(search.context, search.documents, mode), device)
+    return {
+        "scores": scores,
+        "pairs": len(scores),
+        "seconds": measured.seconds,
+        "peak_mb": measured.peak_mb,
+        "tokenize_s": stats.tokenize_s - before[2],
+        "real_tokens": stats.real_tokens - before[0],
+        "computed_tokens": stats.computed_tokens - before[1],
+    }
+
+
+def run_recipe(recipe: OfficialRecipe, pairs: list[str], device: torch.device) -> dict:
+    recipe.stats = type(recipe.stats)()
+    scores, measured = measure(lambda: recipe.score(pairs), device)
+    return {
+        "scores": scores,
+        "pairs": len(scores),
+        "seconds": measured.seconds,
+        "peak_mb": measured.peak_mb,
+        "tokenize_s": recipe.stats.tokenize_s,
+        "real_tokens": recipe.stats.real_tokens,
+        "computed_tokens": recipe.stats.computed_tokens,
+    }
+
+
+def tokenize_only(scorer: Scorer, recipe: OfficialRecipe, searches: list[Search], mode: Mode):
+    """Seconds per search to turn all candidates into ids: the official per-pair calls vs ours."""
+    encoder = scorer.backend.encoder
+    bodies = [pair_bodies(scorer, s, mode, range(len(s.documents))) for s in searches]
+    began = time.perf_counter()
+    for pairs in bodies:
+        for start in range(0, len(pairs), recipe.batch_size):
+            recipe.process_inputs(pairs[start : start + recipe.batch_size])
+    official = time.perf_counter() - began
+    began = time.perf_counter()
+    for s in searches:
+        budget = encoder.document_budget(len(encoder.prefix_ids(s.context, mode)))
+        encoder.document_ids(s.documents, [budget] * len(s.documents))
+    ours = time.perf_counter() - began
+    return {
+        "official_s_per_search": official / len(searches),
+        "ours_s_per_search": ours / len(searches),
+    }
+
+
+def load(cfg: BenchConfig, device: torch.device):
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="acare-bench-") as folder:
+        path = build_model(cfg, Path(folder) / "model")
+        scorer = Scorer.from_pretrained(
+            str(path), device=device, dtype=cfg.dtype, max_batch_tokens=cfg.max_batch_tokens
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    return scorer, tokenizer
+
+
+def workload(cfg: BenchConfig, scorer: Scorer) -> list[Search]:
+    if cfg.workload == "musique":
+        return musique_workload(cfg.rounds, cfg.candidates, seed=cfg.seed)
+    encoder = scorer.backend.encoder
+    return fixed_workload(
+        encoder, cfg.rounds, cfg.candidates, cfg.prefix_tokens, cfg.doc_tokens, cfg.seed
+    )
+
+
+def warm_up(scorer, recipes, searches, modes, device) -> None:
+    """First calls pay for allocator growth and kernel selection; keep that out of the timings."""
+    for mode in modes:
+        scorer.score(searches[0].context, searches[0].documents[:8], mode)
+        for recipe in recipes:
+            run_recipe(recipe, pair_bodies(scorer, searches[0], mode, [0, 1]), device)
+
+
+def run(cfg: BenchConfig) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = torch.device(cfg.device)
+    began = time.perf_counter()
+    scorer, tokenizer = load(cfg, device)
+    setup_s = time.perf_counter() - began
+    model = scorer.backend.module.lm
+    params = non_embedding_params(model)
+    searches = workload(cfg, scorer)
+    strong = OfficialRecipe(model, tokenizer, cfg.batch_size, last_logits_only=True)
+    official = OfficialRecipe(model, tokenizer, cfg.batch_size, last_logits_only=False)
+    modes = [Mode(m) for m in cfg.modes]
+    report = {"label": cfg.label, "config": asdict(cfg), "environment": environment()}
+    report |= {"setup_s": setup_s, "non_embedding_params": params}
+    report["workload"] = workload_info(cfg, scorer, searches)
+    warm_up(scorer, [strong, official] if cfg.official_pairs else [strong], searches, modes, device)
+    runs = {m: {"ours": [], "strong": [], "official": []} for m in modes}
+    for r, search in enumerate(searches):
+        sample = list(range(0, len(search.documents), cfg.baseline_stride))
+        for mode in modes:
+            ours = run_ours(scorer, search, mode, device)
+            runs[mode]["ours"].append(ours)
+            strong_run = run_recipe(strong, pair_bodies(scorer, search, mode, sample), device)
+            strong_run["max_abs_diff_vs_ours"] = score_gap(
+                strong_run["scores"], ours["scores"][sample]
+            )
+            runs[mode]["strong"].append(strong_run)
+            if r == 0 and cfg.official_pairs:
+                first = sample[: cfg.official_pairs]
+                off = run_recipe(official, pair_bodies(scorer, search, mode, first), device)
+                off["max_abs_diff_vs_ours"] = score_gap(off["scores"], ours["scores"][first])
+                runs[mode]["official"].append(off)
+            rates = {
+                k: v[-1]["pairs"] / v[-1]["seconds"] for k, v in runs[mode].items() if len(v) > r
+            }
+            print(
+                f"round {r} {mode.value}: "
+                + ", ".join(f"{k} {v:.3g} pairs/s" for k, v in rates.items()),
+                flush=True,
+            )
+    report["modes"] = {}
+    for mode in modes:
+        results = {k: summarise(v, params, cfg.peak_flops) for k, v in runs[mode].items() if v}
+        results["tokenize_only"] = tokenize_only(scorer, strong, searches, mode)
+        report["modes"][mode.value] = results
+    report["targets"] = targets(report["modes"], SCORE_ATOL.get(cfg.dtype, 1e-3))
+    report["load_average_end"] = os.getloadavg()
+    return report
+
+
+def workload_info(cfg: BenchConfig, scorer: Scorer, searches: list[Search]) -> dict:
+    encoder = scorer.backend.encoder
+    docs = [
+        len(ids)
+        for s in searches
+        for ids in encoder.document_ids(s.documents, [10**6] * len(s.documents))
+    ]
+    info = {
+        "kind": cfg.workload,
+        "searches": len(searches),
+        "candidates_per_search": cfg.candidates,
+        "doc_tokens": {"mean": float(np.mean(docs)), "min": min(docs), "max": max(docs)},
+        "suffix_tokens": len(encoder.suffix_ids),
+        "prefix_tokens": {
+            m: float(np.mean([len(encoder.prefix_ids(s.context, Mode(m))) for s in searches]))
+            for m in cfg.modes
+        },
+    }
+    if cfg.workload == "musique":
+        info["reasoning"] = REASONING_SOURCE
+    return info
+
+
+def parse_args(argv: list[str] | None = None) -> BenchConfig:
+    d = BenchConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=d.config, help="folder under shared/models/configs, or tiny")
+    p.add_argument("--layers", type=int, default=d.layers, help="0: all of the config's layers")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16"])
+    p.add_argument("--workload", default=d.workload, choices=["musique", "fixed"])
+    p.add_argument("--modes", nargs="+", default=list(d.modes), choices=[m.value for m in Mode])
+    p.add_argument("--rounds", type=int, default=d.rounds, help="searches, one per round")
+    p.add_argument("--candidates", type=int, default=d.candidates)
+    p.add_argument("--baseline-stride", type=int, default=d.baseline_stride)
+    p.add_argument("--official-pairs", type=int, default=d.official_pairs, help="0: skip it")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="the baselines' batch")
+    p.add_argument("--prefix-tokens", type=int, default=d.prefix_tokens, help="fixed workload")
+    p.add_argument("--doc-tokens", type=int, default=d.doc_tokens, help="fixed workload")
+    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens)
+    p.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help=f"for MFU; H100/H200 bf16: {H100_H200_BF16_DENSE_FLOPS:g}",
+    )
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--name", default=None, help="output file stem")
+    p.add_argument("--out", default=d.out)
+    args = vars(p.parse_args(argv))
+    args["modes"] = tuple(args["modes"])
+    args["layers"] = args["layers"] or None
+    return BenchConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    report = run(cfg)
+    json_path, md_path = write(report, Path(cfg.out))
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

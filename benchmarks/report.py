@@ -1,0 +1,184 @@
+"""Summaries, targets and the markdown table of a scorer benchmark run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import torch
+
+METHODS = ("official", "strong", "ours")
+
+
+def summarise(runs: list[dict], params: int, peak_flops: float | None) -> dict:
+    """Totals over rounds of one method in one mode (rates = total pairs / total seconds)."""
+    total = {k: sum(r[k] for r in runs) for k in ("pairs", "seconds", "tokenize_s")}
+    real = sum(r["real_tokens"] for r in runs)
+    computed = sum(r["computed_tokens"] for r in runs)
+    flops = 2.0 * params * real
+    out = {
+        "pairs": total["pairs"],
+        "seconds": total["seconds"],
+        "pairs_per_s": total["pairs"] / total["seconds"],
+        "seconds_per_pair": total["seconds"] / total["pairs"],
+        "pairs_per_s_by_round": [r["pairs"] / r["seconds"] for r in runs],
+        "tokenize_s": total["tokenize_s"],
+        "tokenize_share": total["tokenize_s"] / total["seconds"],
+        "real_tokens": real,
+        "computed_tokens": computed,
+        "padding_efficiency": real / computed,
+        "real_tokens_per_pair": real / total["pairs"],
+        "peak_mb": max(r["peak_mb"] for r in runs),
+        "model_tflops_per_s": flops / total["seconds"] / 1e12,
+    }
+    if peak_flops:
+        out["mfu"] = flops / total["seconds"] / peak_flops
+    if "max_abs_diff_vs_ours" in runs[0]:
+        out["max_abs_diff_vs_ours"] = max(r["max_abs_diff_vs_ours"] for r in runs)
+    return out
+
+
+def environment() -> dict:
+    import transformers
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "cpu": _cpu_name(),
+        "load_average_start": os.getloadavg(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _target(value: float, threshold: float, at_least: bool) -> dict:
+    met = value >= threshold if at_least else value <= threshold
+    return {"value": value, "threshold": threshold, "met": bool(met)}
+
+
+def targets(modes: dict, atol: float) -> dict:
+    """The issue's targets: 3x the strong baseline on M3, cost(M3)/cost(M0) <= 1.3, padding
+    efficiency >= 0.9, scores equal within ``atol``. The baseline's cost ratio is context."""
+    out = {}
+    if "M3" in modes:
+        m3 = modes["M3"]
+        out["speedup_vs_strong_M3"] = _target(
+            m3["ours"]["pairs_per_s"] / m3["strong"]["pairs_per_s"], 3.0, at_least=True
+        )
+        rounds = [
+            a / b
+            for a, b in zip(
+                m3["ours"]["pairs_per_s_by_round"], m3["strong"]["pairs_per_s_by_round"]
+            )
+        ]
+        out["speedup_vs_strong_M3"]["by_round"] = rounds
+    if {"M0", "M3"} <= modes.keys():
+        for method in ("ours", "strong"):
+            m0, m3 = modes["M0"][method], modes["M3"][method]
+            out[f"cost_M3_over_M0_{method}"] = _target(
+                m3["seconds_per_pair"] / m0["seconds_per_pair"], 1.3, at_least=False
+            )
+            out[f"cost_M3_over_M0_{method}"]["by_round"] = [
+                b / a for a, b in zip(m3["pairs_per_s_by_round"], m0["pairs_per_s_by_round"])
+            ]
+    out["padding_efficiency_ours"] = _target(
+        min(m["ours"]["padding_efficiency"] for m in modes.values()), 0.9, at_least=True
+    )
+    diffs = [m[k]["max_abs_diff_vs_ours"] for m in modes.values() for k in METHODS[:2] if k in m]
+    out["scores_match"] = _target(max(diffs), atol, at_least=False)
+    return out
+
+
+def markdown(report: dict) -> str:
+    cfg, work, env = report["config"], report["workload"], report["environment"]
+    hardware = env.get("gpu", env["cpu"])
+    lines = [
+        f"# Scorer benchmark: {report['label']}",
+        "",
+        f"Model: random-weight `{cfg['config']}` shapes, layers={cfg['layers'] or 'all'}, "
+        f"{report['non_embedding_params'] / 1e6:.1f}M non-embedding params, {cfg['dtype']} on "
+        f"{cfg['device']} ({hardware}, {env['threads']} threads; load average "
+        f"{env['load_average_start'][0]:.1f} at start, {report['load_average_end'][0]:.1f} at end).",
+        f"Workload: {work['kind']}, {work['searches']} searches x {work['candidates_per_search']} "
+        f"candidates; document tokens mean {work['doc_tokens']['mean']:.0f} "
+        f"(min {work['doc_tokens']['min']}, max {work['doc_tokens']['max']}) + "
+        f"{work['suffix_tokens']} suffix; prefix tokens "
+        + ", ".join(f"{m} {v:.0f}" for m, v in work["prefix_tokens"].items())
+        + ".",
+        f"Rounds: {cfg['rounds']}, interleaved (each round runs every method once, round r on "
+        f"search r). ours: all candidates; strong: every {cfg['baseline_stride']}th candidate; "
+        f"official: the first {cfg['official_pairs']} of those, round 0 only. Baselines use a "
+        f"fixed batch size of {cfg['batch_size']} in input order.",
+    ]
+    if "reasoning" in work:
+        lines.append(f"Reasoning text: {work['reasoning']}.")
+    mfu = cfg["peak_flops"] is not None
+    header = (
+        "| mode | method | pairs | pairs/s | ours / method | s/pair | tokenize share | "
+        "padding eff. | real tokens/pair | peak MB | model TFLOP/s |"
+    )
+    lines += [
+        "",
+        header + (" MFU |" if mfu else "") + " max abs diff vs ours |",
+        "|---|---|" + "---:|" * (10 if mfu else 9) + "---:|",
+    ]
+    for mode, results in report["modes"].items():
+        ours = results["ours"]["pairs_per_s"]
+        for method in METHODS:
+            if method not in results:
+                continue
+            r = results[method]
+            lines.append(
+                f"| {mode} | {method} | {r['pairs']} | {r['pairs_per_s']:.3g} | "
+                f"{ours / r['pairs_per_s']:.2f}x | {r['seconds_per_pair'] * 1e3:.1f} ms | "
+                f"{r['tokenize_share']:.1%} | {r['padding_efficiency']:.3f} | "
+                f"{r['real_tokens_per_pair']:.0f} | {r['peak_mb']:.0f} | "
+                f"{r['model_tflops_per_s']:.3f} |"
+                + (f" {r['mfu']:.1%} |" if mfu else "")
+                + f" {r.get('max_abs_diff_vs_ours', 0.0):.1e} |"
+            )
+    lines += ["", "Tokenizing only, all candidates of a search (ms per search):", ""]
+    for mode, results in report["modes"].items():
+        t = results["tokenize_only"]
+        lines.append(
+            f"- {mode}: official recipe (every pair tokenized whole) "
+            f"{t['official_s_per_search'] * 1e3:.1f}; ours (prefix once, documents in one "
+            f"batched call) {t['ours_s_per_search'] * 1e3:.1f}"
+        )
+    lines += ["", "| target | value | threshold | met | by round |", "|---|---:|---:|---|---|"]
+    for name, t in report["targets"].items():
+        by_round = ", ".join(f"{x:.3g}" for x in t.get("by_round", []))
+        lines.append(
+            f"| {name} | {t['value']:.4g} | {t['threshold']:.4g} | "
+            f"{'yes' if t['met'] else 'NO'} | {by_round} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / f"{report['label']}.json", out / f"{report['label']}.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    md_path.write_text(markdown(report))
+    return json_path, md_path
+
+
+def score_gap(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max()) if len(a) else 0.0
