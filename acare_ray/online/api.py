@@ -176,13 +176,8 @@ class ApiVersion(BaseModel):
     version: str
 
 
-class BilledTokens(BaseModel):
-    input_tokens: int = Field(description="Tokens the model computed (shared prefix once).")
-
-
 class RerankMeta(BaseModel):
     api_version: ApiVersion
-    tokens: BilledTokens
     model: str = Field(description="The served model.")
     mode: str = Field(description="The mode the model read (M0..M3).")
     warnings: list[str] | None = None
@@ -244,7 +239,6 @@ def cohere_response(
         results=results,
         meta=RerankMeta(
             api_version=ApiVersion(version=version),
-            tokens=BilledTokens(input_tokens=job.tokens),
             model=model,
             mode=job.mode.value,
             warnings=truncation_warnings(job, "documents"),

@@ -65,8 +65,10 @@ class Search:
 class ScoringJob:
     """A validated request: the context restricted to ``mode``'s fields and documents as scored.
 
-    ``tokens`` is what the model will compute for it (the batch scheduler's unit); ``limit`` the
-    per-document token limit applied; ``truncated`` the indices of documents cut to it.
+    ``tokens`` is about what the model will compute for it (the batch scheduler's unit: exact
+    for the prompt prefix and for documents long enough to be tokenized here, estimated from
+    bytes for the others, see :mod:`acare_ray.online.tokens`); ``limit`` the per-document token
+    limit applied; ``truncated`` the indices of documents cut to it.
     """
 
     context: AgentContext

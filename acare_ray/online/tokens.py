@@ -9,8 +9,14 @@ answers both for either backend:
   document is tokenized as ``" " + doc`` and followed by the suffix;
 - cross-encoder: the context block is paired with every document, plus the special tokens.
 
-Truncation cuts the document *text* at a token boundary (from the tokenizer's offsets), so
-the scorer still receives plain strings and tokenizes them itself.
+Truncation cuts the document *text* at a word boundary (from the tokenizer's offsets), so the
+scorer still receives plain strings and tokenizes them itself.
+
+Only documents that might exceed the limit are tokenized here: a token covers at least one
+UTF-8 byte (byte-level BPE) or one character (WordPiece), so a document of at most ``limit``
+bytes cannot be over it. The scorer tokenizes every document anyway; doing it twice would cost
+as much CPU as the scoring of a small model. The token counts of such short documents are
+estimates (``BYTES_PER_TOKEN``), good enough for packing batches.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from acare_ray.context import AgentContext, Mode
 # token spans at most a few dozen characters, and the full text is re-tokenized whenever the
 # cut piece turns out shorter than the limit.
 CHARS_PER_TOKEN_BOUND = 8
+# Typical UTF-8 bytes per token of English text for BPE/WordPiece vocabularies.
+BYTES_PER_TOKEN = 4
 
 
 @dataclass(frozen=True)
@@ -32,13 +40,16 @@ class FittedDocuments:
     """Documents as they will be scored, and their token counts.
 
     ``texts[i]`` is document ``i`` cut at a word boundary to at most ``limit`` tokens;
-    ``kept[i]`` its token count after the cut; ``original[i]`` its count before (a lower bound when the text was so
-    long that only a prefix had to be tokenized to know it is over the limit).
+    ``kept[i]`` its token count after the cut; ``original[i]`` its count before (a lower bound
+    when only a prefix of a very long text had to be tokenized to know it is over the limit).
+    ``exact[i]`` says whether document ``i`` was tokenized; if not, it provably fits and its
+    counts are byte-based estimates.
     """
 
     texts: list[str]
     kept: list[int]
     original: list[int]
+    exact: list[bool]
 
 
 class TokenLayout:
@@ -93,26 +104,26 @@ class TokenLayout:
 
     def fit(self, documents: Sequence[str], limit: int, keep_end: bool = False) -> FittedDocuments:
         """Cut each document to at most ``limit`` tokens (its start, or its end if ``keep_end``)."""
-        if not documents:
-            return FittedDocuments([], [], [])
+        sizes = [len(self.lead.encode()) + len(doc.encode("utf-8")) for doc in documents]
+        texts = list(documents)
+        kept = [max(1, -(-size // BYTES_PER_TOKEN)) for size in sizes]
+        original = list(kept)
+        exact = [False] * len(documents)
+        long = [i for i, size in enumerate(sizes) if size > limit]
+        if not long:
+            return FittedDocuments(texts, kept, original, exact)
         chars = max(CHARS_PER_TOKEN_BOUND * limit, 4096)
-        pieces = [doc[-chars:] if keep_end else doc[:chars] for doc in documents]
-        encoded = self._encode(pieces)
-        texts, kept, original = [], [], []
-        for doc, piece, (ids, offsets) in zip(documents, pieces, encoded):
+        pieces = {i: documents[i][-chars:] if keep_end else documents[i][:chars] for i in long}
+        for i, (ids, offsets) in zip(long, self._encode([pieces[i] for i in long])):
+            doc, piece = documents[i], pieces[i]
             if len(piece) < len(doc) and len(ids) <= limit:
-                ids, offsets = self._encode([doc])[0]
-                piece = doc
-            base = len(doc) - len(piece) if keep_end else 0
-            original.append(len(ids))
-            if len(ids) <= limit:
-                texts.append(doc)
-                kept.append(len(ids))
-                continue
-            text, count = self._cut(doc, offsets, base, limit, keep_end)
-            texts.append(text)
-            kept.append(count)
-        return FittedDocuments(texts, kept, original)
+                (ids, offsets), piece = self._encode([doc])[0], doc
+            exact[i] = True
+            original[i] = kept[i] = len(ids)
+            if len(ids) > limit:
+                base = len(doc) - len(piece) if keep_end else 0
+                texts[i], kept[i] = self._cut(doc, offsets, base, limit, keep_end)
+        return FittedDocuments(texts, kept, original, exact)
 
     def _encode(self, pieces: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
         out = self.tokenizer(

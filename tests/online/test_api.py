@@ -75,7 +75,7 @@ def test_cohere_results_follow_log_odds_with_ties_in_input_order():
     assert [r.index for r in out.results] == [1, 0, 2]
     assert [r.document for r in out.results] == [{"text": "b"}, {"text": "a"}, {"text": "c"}]
     assert out.results[0].relevance_score == pytest.approx(1 / (1 + np.exp(-2.0)))
-    assert out.meta.tokens.input_tokens == 7 and out.meta.mode == "M0"
+    assert out.meta.mode == "M0" and out.meta.api_version.version == "2"
     assert out.meta.warnings == ["truncated to 5 tokens: documents[2]"]
 
 

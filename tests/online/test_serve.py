@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import json
+import re
 import shutil
 import socket
 import time
@@ -485,3 +486,25 @@ def test_models_list_and_openapi_docs_describe_the_api(http, checkpoint):
         assert {"original_question", "reasoning", "mode"} <= set(fields)
     docs = http.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def doc_blocks(language: str) -> list[str]:
+    text = (REPO / "docs" / "online.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_the_documented_python_example_runs(served, capsys):
+    (code,) = doc_blocks("python")
+    exec(compile(code.replace("http://localhost:8000", served["base"]), "online.md", "exec"), {})
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_the_documented_curl_requests_succeed(http):
+    requests = [b for b in doc_blocks("bash") if b.startswith("curl")]
+    assert len(requests) == 2
+    for block in requests:
+        path = re.search(r"http://localhost:8000(\S+)", block).group(1)
+        payload = json.loads(re.search(r"-d '(.*)'", block, flags=re.S).group(1))
+        response = http.post(path, json=payload)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-acare-mode"] in ("M2", "M3")

@@ -35,12 +35,29 @@ def search(**fields) -> Search:
 
 
 @pytest.mark.parametrize("backend", ["causal", "cross"])
-def test_job_tokens_equal_the_tokens_the_backend_computes(request, backend):
+def test_job_tokens_equal_what_the_backend_computes_when_documents_are_tokenized(request, backend):
     service = request.getfixturevalue(backend)
-    job = service.prepare(search(original_question=QUESTION, reasoning=REASONING))
+    fields = {"original_question": QUESTION, "reasoning": REASONING, "max_tokens_per_doc": 20}
+    job = service.prepare(search(**fields))
+    assert all(len(d.encode()) > 20 for d in DOCUMENTS), "every document gets tokenized"
+    assert 2 in job.truncated
     before = service.scorer.stats.real_tokens
     service.score([job])
     assert job.tokens == service.scorer.stats.real_tokens - before
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+def test_short_documents_skip_tokenizing_and_their_estimate_is_close(request, backend):
+    service = request.getfixturevalue(backend)
+    fitted = service.layout.fit(DOCUMENTS, limit=10_000)
+    assert fitted.exact == [False] * len(DOCUMENTS) and fitted.texts == DOCUMENTS
+    lead = service.layout.lead
+    real = [
+        len(service.layout.tokenizer(lead + d, add_special_tokens=False)["input_ids"])
+        for d in DOCUMENTS
+    ]
+    assert all(r <= len((lead + d).encode()) for r, d in zip(real, DOCUMENTS)), "bytes bound"
+    assert 0.67 < sum(fitted.kept) / sum(real) < 1.5
 
 
 @pytest.mark.parametrize("backend", ["causal", "cross"])
@@ -58,8 +75,9 @@ def test_truncation_keeps_whole_first_or_last_tokens(request, backend, keep_end,
     assert fitted.kept[0] == len(cut)
     assert limit - 4 <= len(cut) <= limit, "cut at the last word boundary within the limit"
     assert LONG.endswith(fitted.texts[0]) if keep_end else LONG.startswith(fitted.texts[0])
-    assert fitted.original == [len(full), len(ids("short"))]
-    assert fitted.texts[1] == "short" and fitted.kept[1] == len(ids("short"))
+    assert fitted.original[0] == len(full)
+    assert fitted.exact == [True, len(layout.lead + "short") > limit]
+    assert fitted.texts[1] == "short"
 
 
 def test_max_tokens_per_doc_cuts_only_longer_documents_and_records_them(causal):
