@@ -17,6 +17,7 @@ processes hits all methods alike. Writes ``<out>/<label>.json`` and ``<out>/<lab
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
 from acare_ray.context import Mode
 from acare_ray.prompt import SYSTEM_PREFIX
 from acare_ray.scorer import Scorer
-from acare_ray.testing import build_random_qwen3
+from acare_ray.testing import TINY_QWEN3, build_random_qwen3, qwen3_tokenizer_dir, shared_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCORE_ATOL = {"float32": 1e-3, "bfloat16": 0.25}
@@ -62,17 +63,35 @@ class BenchConfig:
     name: str | None = None
     out: str = str(RESULTS)
 
+    shrink: bool = False
+
     @property
     def label(self) -> str:
         layers = "" if self.layers is None else f"-L{self.layers}"
-        return self.name or f"{self.device}-{self.config}{layers}-{self.dtype}-{self.workload}"
+        shape = f"{self.config}{'-shrunk' if self.shrink else ''}{layers}"
+        return f"{self.name or self.device}-{shape}-{self.dtype}-{self.workload}"
 
 
 def build_model(cfg: BenchConfig, folder: Path) -> Path:
-    overrides = {} if cfg.layers is None else {"num_hidden_layers": cfg.layers}
-    base = None if cfg.config == "tiny" else cfg.config
+    """A random-weight model of ``cfg.config``'s shapes (``tiny``: the test model's) on disk."""
+    from transformers import AutoTokenizer
+
+    overrides = dict(TINY_QWEN3) if cfg.shrink else {}
+    if cfg.layers is not None:
+        overrides["num_hidden_layers"] = cfg.layers
+    base = None
+    if cfg.config != "tiny":
+        base = cfg.config
+        # Qwen3-Embedding-4B's config stops at id 151664; the reranker prompt uses <think> ids.
+        vocab = len(AutoTokenizer.from_pretrained(qwen3_tokenizer_dir()))
+        overrides["vocab_size"] = max(vocab, base_config_vocab(cfg.config))
     dtype = getattr(torch, cfg.dtype)
     return build_random_qwen3(folder, base_config=base, dtype=dtype, **overrides)
+
+
+def base_config_vocab(name: str) -> int:
+    path = shared_dir() / "models" / "configs" / name / "config.json"
+    return json.loads(path.read_text())["vocab_size"]
 
 
 def pair_bodies(scorer: Scorer, search: Search, mode: Mode, indices: list[int]) -> list[str]:
@@ -233,10 +252,16 @@ def workload_info(cfg: BenchConfig, scorer: Scorer, searches: list[Search]) -> d
     return info
 
 
-def parse_args(argv: list[str] | None = None) -> BenchConfig:
+def parse_args(argv: list[str] | None = None) -> list[BenchConfig]:
     d = BenchConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=d.config, help="folder under shared/models/configs, or tiny")
+    p.add_argument(
+        "--config",
+        nargs="+",
+        default=[d.config],
+        help="folders under shared/models/configs, or tiny; several run one after another",
+    )
+    p.add_argument("--shrink", action="store_true", help="the configs with the test model's width")
     p.add_argument("--layers", type=int, default=d.layers, help="0: all of the config's layers")
     p.add_argument("--device", default=d.device)
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16"])
@@ -258,20 +283,21 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--name", default=None, help="output file stem")
+    p.add_argument("--name", default=None, help="output file prefix (default: the device)")
     p.add_argument("--out", default=d.out)
     args = vars(p.parse_args(argv))
     args["modes"] = tuple(args["modes"])
     args["layers"] = args["layers"] or None
-    return BenchConfig(**args)
+    return [BenchConfig(**(args | {"config": config})) for config in args.pop("config")]
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    report = run(cfg)
-    json_path, md_path = write(report, Path(cfg.out))
-    print(md_path.read_text())
-    print(f"wrote {json_path} and {md_path}")
+    for cfg in parse_args(argv):
+        began = time.perf_counter()
+        report = run(cfg)
+        json_path, md_path = write(report, Path(cfg.out))
+        print(md_path.read_text())
+        print(f"wrote {json_path} and {md_path} ({time.perf_counter() - began:.0f} s)", flush=True)
     return 0
 
 

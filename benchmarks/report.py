@@ -112,7 +112,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Scorer benchmark: {report['label']}",
         "",
-        f"Model: random-weight `{cfg['config']}` shapes, layers={cfg['layers'] or 'all'}, "
+        f"Model: random-weight `{cfg['config']}`{' (shrunk)' if cfg['shrink'] else ''} shapes, layers={cfg['layers'] or 'all'}, "
         f"{report['non_embedding_params'] / 1e6:.1f}M non-embedding params, {cfg['dtype']} on "
         f"{cfg['device']} ({hardware}, {env['threads']} threads; load average "
         f"{env['load_average_start'][0]:.1f} at start, {report['load_average_end'][0]:.1f} at end).",
@@ -123,8 +123,8 @@ def markdown(report: dict) -> str:
         + ", ".join(f"{m} {v:.0f}" for m, v in work["prefix_tokens"].items())
         + ".",
         f"Rounds: {cfg['rounds']}, interleaved (each round runs every method once, round r on "
-        f"search r). ours: all candidates; strong: every {cfg['baseline_stride']}th candidate; "
-        f"official: the first {cfg['official_pairs']} of those, round 0 only. Baselines use a "
+        f"search r). ours: all candidates; strong: the candidates at stride "
+        f"{cfg['baseline_stride']}; official: the first {cfg['official_pairs']} of those, round 0 only. Baselines use a "
         f"fixed batch size of {cfg['batch_size']} in input order.",
     ]
     if "reasoning" in work:

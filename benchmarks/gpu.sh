@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Scorer benchmark on one GPU: random-weight Qwen3 at the shapes of Qwen3-Reranker-0.6B and of a
+# 4B model (shared/models/configs/Qwen3-Embedding-4B), bf16, searches of 100 candidates with a
+# shared prefix of 1,000 tokens and documents of 256 tokens. Prints pairs/s and model-FLOPs
+# utilisation (2 x non-embedding params x tokens / time / 989e12, H100/H200 dense bf16) for
+# ours, the strong baseline and the official recipe; writes JSON + markdown to $OUT_DIR.
+# Budget: under 8 minutes on a single H200 machine (model building included).
+#
+#   benchmarks/gpu.sh              # the GPU run
+#   benchmarks/gpu.sh --reduced    # the same steps on CPU with a tiny model (tests run this)
+#
+# Environment: PYTHON (default .venv/bin/python, else python3); OUT_DIR (default
+# benchmarks/results); ACARE_SHARED (default ../shared, else ./shared: needs
+# models/qwen3-tokenizer and models/configs); WHEELS: a folder of wheels installed offline when
+# torch/transformers/tokenizers/safetensors are missing on the machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=gpu
+if [[ "${1:-}" == "--reduced" ]]; then
+    mode=reduced
+elif [[ $# -gt 0 ]]; then
+    echo "usage: $0 [--reduced]" >&2
+    exit 2
+fi
+
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+if [[ -z "${ACARE_SHARED:-}" ]]; then
+    if [[ -d ../shared/models ]]; then ACARE_SHARED=$(cd ../shared && pwd); else ACARE_SHARED=$PWD/shared; fi
+fi
+export ACARE_SHARED
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=true
+OUT_DIR=${OUT_DIR:-benchmarks/results}
+
+if ! "$PYTHON" -c "import torch, transformers, tokenizers, safetensors, numpy" 2>/dev/null; then
+    if [[ -z "${WHEELS:-}" ]]; then
+        echo "missing packages and no WHEELS folder to install them from" >&2
+        exit 1
+    fi
+    "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" \
+        torch transformers tokenizers safetensors numpy
+fi
+if [[ ! -d "$ACARE_SHARED/models/qwen3-tokenizer" ]]; then
+    echo "no tokenizer at $ACARE_SHARED/models/qwen3-tokenizer (set ACARE_SHARED)" >&2
+    exit 1
+fi
+
+configs=(Qwen3-Reranker-0.6B Qwen3-Embedding-4B)
+if [[ $mode == gpu ]]; then
+    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+    args=(--device cuda --dtype bfloat16 --layers 0 --prefix-tokens 1000 --doc-tokens 256
+        --candidates 100 --rounds 3 --baseline-stride 2 --batch-size 16 --official-pairs 16
+        --max-batch-tokens 32768 --peak-flops 989e12)
+    limit=450
+else
+    # Same configs, the test model's width and 2 layers, short prompts: about a minute on CPU.
+    args=(--device cpu --dtype float32 --shrink --layers 2 --prefix-tokens 160 --doc-tokens 32
+        --candidates 8 --rounds 2 --baseline-stride 2 --batch-size 2 --official-pairs 2
+        --max-batch-tokens 4096 --peak-flops 989e12)
+    limit=240
+fi
+
+started=$SECONDS
+timeout "$limit" "$PYTHON" benchmarks/bench_scorer.py "${args[@]}" --workload fixed \
+    --modes M0 M3 --config "${configs[@]}" --name "$mode" --out "$OUT_DIR"
+echo "== done in $((SECONDS - started))s; results in $OUT_DIR"

@@ -1,0 +1,69 @@
+"""benchmarks/gpu.sh --reduced: the GPU benchmark's steps on CPU, so the script cannot rot."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = ("Qwen3-Reranker-0.6B", "Qwen3-Embedding-4B")
+PREFIX, DOC, CANDIDATES, ROUNDS, STRIDE, OFFICIAL = 160, 32, 8, 2, 2, 2
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-reduced")
+    env = os.environ | {"OUT_DIR": str(out), "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu.sh"), "--reduced"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = {}
+    for path in out.glob("*.json"):
+        report = json.loads(path.read_text())
+        found[report["config"]["config"]] = (report, path.with_suffix(".md").read_text())
+    return found
+
+
+@pytest.mark.slow
+def test_reduced_run_covers_both_gpu_model_shapes(reports):
+    assert set(reports) == set(CONFIGS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_reduced_run_counts_exact_pairs_and_tokens(reports, config):
+    report, _ = reports[config]
+    work = report["workload"]
+    assert work["prefix_tokens"]["M3"] == PREFIX
+    assert work["doc_tokens"] == {"mean": DOC, "min": DOC, "max": DOC}
+    segment = DOC + work["suffix_tokens"]
+    for mode, results in report["modes"].items():
+        prefix = work["prefix_tokens"][mode]
+        ours, strong = results["ours"], results["strong"]
+        assert ours["pairs"] == ROUNDS * CANDIDATES
+        assert strong["pairs"] == ROUNDS * CANDIDATES // STRIDE
+        assert results["official"]["pairs"] == OFFICIAL
+        # ours reads the prefix once per search; the recipe reads it once per pair
+        assert ours["real_tokens"] == ROUNDS * (prefix + CANDIDATES * segment)
+        assert strong["real_tokens"] == strong["pairs"] * (prefix + segment)
+        assert ours["padding_efficiency"] == strong["padding_efficiency"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_reduced_run_scores_agree_and_reports_mfu(reports, config):
+    report, markdown = reports[config]
+    assert report["targets"]["scores_match"]["met"]
+    for results in report["modes"].values():
+        for method in ("official", "strong", "ours"):
+            assert results[method]["pairs_per_s"] > 0
+            assert 0 < results[method]["mfu"] < 1
+    assert "| MFU |" in markdown and "| M3 | ours |" in markdown
