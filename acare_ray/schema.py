@@ -108,7 +108,7 @@ class Group:
 
 
 def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    return value is None or (isinstance(value, float | np.floating) and math.isnan(value))
 
 
 class _Row:

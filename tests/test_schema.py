@@ -81,6 +81,14 @@ def test_parse_search_reads_every_batch_form_alike(form):
     assert parsed[0].supporting_docs == ("d1",)
 
 
+def test_parse_search_treats_numpy_nan_labels_as_absent():
+    candidates = [
+        {"doc_id": "d", "text": "t", "first_stage_score": np.float32("nan"), "relevance": np.nan}
+    ]
+    candidate = parse_search(_row(candidates=candidates)).candidates[0]
+    assert candidate.first_stage_score is None and candidate.relevance is None
+
+
 def test_parse_search_accepts_a_one_megabyte_document():
     big = "word " * 200_000
     search = parse_search(_row(candidates=[{"doc_id": "d", "text": big}]))
