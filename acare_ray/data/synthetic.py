@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -108,9 +109,17 @@ class _World:
         return template.format(y=c["capital"], c=c["name"], k=k, v=c[fact])
 
 
-def _session(seed: int, index: int, salt: int) -> list[dict[str, Any]]:
-    rng = random.Random(f"acare-synthetic|{seed}|{index}|{salt}")
-    world = _World(rng)
+@dataclass(frozen=True)
+class _Step:
+    sub_query: str
+    answer: str
+    reasoning: str
+    pool: list[tuple]  # fact keys of the candidates
+    gold: tuple
+
+
+def _story(world: _World, rng: random.Random) -> tuple[str, list[_Step]]:
+    """The question and its 2-3 steps: anchor -> country, country fact, optional capital fact."""
     spec = T.ANCHORS[world.kind]
     target = rng.randrange(len(world.anchors))
     g = world.seat[target]
@@ -118,74 +127,90 @@ def _session(seed: int, index: int, salt: int) -> list[dict[str, Any]]:
     chain = rng.choice(sorted(T.QUESTIONS))
     fill = {"a": world.anchors[target], "c": country["name"], "x": world.peaks[target]}
     question = T.QUESTIONS[chain].format(q=rng.choice(spec["question"]).format(**fill))
-    facts = [T.COUNTRY_FACTS[chain[0]], *(T.CITY_FACTS[f] for f in chain[1:])]
-    others = [i for i in range(N_COUNTRIES) if i != g]
-    plan = f"To answer this, I will first {spec['plan'].format(**fill)}, then look up {facts[0]['ask']} that country"
+    ask = T.COUNTRY_FACTS[chain[0]]["ask"]
+    plan = f"To answer this, I will first {spec['plan'].format(**fill)}, then look up {ask} that country"
     if len(chain) == 2:
-        plan += f", and finally {facts[1]['ask']} its capital"
+        plan += f", and finally {T.CITY_FACTS[chain[1]]['ask']} its capital"
     found = rng.choice(spec["found"]).format(**fill)
-    steps = [(spec["sub_query"].format(**fill), country["name"], plan + ".")]
+    others = [i for i in range(N_COUNTRIES) if i != g]
+    other_anchors = [a for a in range(len(world.anchors)) if a != target]
+    steps = [
+        _Step(
+            spec["sub_query"].format(**fill),
+            country["name"],
+            plan + ".",
+            [("anchor", i) for i in range(N_COUNTRIES)]
+            + [("anchor_other", target, "0"), ("anchor_other", target, "1")]
+            + [("anchor_other", a, "0") for a in rng.sample(other_anchors, 2)],
+            ("anchor", g),
+        )
+    ]
+    rest = [f for f in T.COUNTRY_FACTS if f != chain[0]]
     steps.append(
-        (
-            facts[0]["sub_query"],
+        _Step(
+            T.COUNTRY_FACTS[chain[0]]["sub_query"],
             country[chain[0]],
-            f"{found} Now I need {facts[0]['ask']} {country['name']}.",
+            f"{found} Now I need {ask} {country['name']}.",
+            [("country", i, chain[0]) for i in range(N_COUNTRIES)]
+            + [("country", g, f) for f in rest]
+            + [("country", i, rng.choice(rest)) for i in rng.sample(others, 2)],
+            ("country", g, chain[0]),
         )
     )
     if len(chain) == 2:
-        reason = f"{found} Its capital is {country['capital']}. Finally I need {facts[1]['ask']} {country['capital']}."
-        steps.append((facts[1]["sub_query"], country[chain[1]], reason))
-    country_facts = [f for f in T.COUNTRY_FACTS if f != chain[0]]
-    pools = [
-        [("anchor", i) for i in range(N_COUNTRIES)]
-        + [("anchor_other", target, "0"), ("anchor_other", target, "1")]
-        + [("anchor_other", a, "0") for a in rng.sample([a for a in range(4) if a != target], 2)],
-        [("country", i, chain[0]) for i in range(N_COUNTRIES)]
-        + [("country", g, f) for f in country_facts]
-        + [("country", i, rng.choice(country_facts)) for i in rng.sample(others, 2)],
-    ]
-    if len(chain) == 2:
-        city_facts = [f for f in T.CITY_FACTS if f != chain[1]]
-        pools.append(
-            [("city", i, chain[1]) for i in range(N_COUNTRIES)]
-            + [("city", g, f) for f in city_facts]
-            + [("city", i, rng.choice(city_facts)) for i in rng.sample(others, 2)]
+        fact, capital = T.CITY_FACTS[chain[1]], country["capital"]
+        rest = [f for f in T.CITY_FACTS if f != chain[1]]
+        steps.append(
+            _Step(
+                fact["sub_query"],
+                country[chain[1]],
+                f"{found} Its capital is {capital}. Finally I need {fact['ask']} {capital}.",
+                [("city", i, chain[1]) for i in range(N_COUNTRIES)]
+                + [("city", g, f) for f in rest]
+                + [("city", i, rng.choice(rest)) for i in rng.sample(others, 2)],
+                ("city", g, chain[1]),
+            )
         )
-    golds = [("anchor", g), ("country", g, chain[0]), ("city", g, chain[-1])]
+    return question, steps
+
+
+def _session(seed: int, index: int, salt: int) -> list[dict[str, Any]]:
+    rng = random.Random(f"acare-synthetic|{seed}|{index}|{salt}")
+    world = _World(rng)
+    question, steps = _story(world, rng)
     session_id = f"syn{seed}-{index:05d}"
-    ids: dict[str, str] = {}
+    ids: dict[str, str] = {}  # text -> doc id, so a fact shared by two steps keeps one id
     rows = []
-    for k, ((sub_query, answer, reasoning), pool) in enumerate(zip(steps, pools, strict=True)):
-        keys = list(dict.fromkeys(pool))
+    for k, step in enumerate(steps, start=1):
+        keys = list(dict.fromkeys(step.pool))
         rng.shuffle(keys)
         candidates = []
         for key in keys:
             text = world.doc(key)
-            doc_id = ids.setdefault(text, f"{session_id}:d{len(ids)}")
-            overlap = len(words(sub_query) & words(text)) / len(words(sub_query))
+            overlap = len(words(step.sub_query) & words(text)) / len(words(step.sub_query))
             candidates.append(
                 {
-                    "doc_id": doc_id,
+                    "doc_id": ids.setdefault(text, f"{session_id}:d{len(ids)}"),
                     "text": text,
                     "first_stage_score": overlap,
-                    "relevance": int(key == golds[k]),
+                    "relevance": int(key == step.gold),
                 }
             )
         rows.append(
             {
-                "search_id": f"{session_id}:s{k + 1}",
+                "search_id": f"{session_id}:s{k}",
                 "session_id": session_id,
-                "sub_query": sub_query,
+                "sub_query": step.sub_query,
                 "question": question,
-                "reasoning": reasoning,
+                "reasoning": step.reasoning,
                 "candidates": candidates,
-                "answer": answer,
+                "answer": step.answer,
                 "judge_ok": True,
-                "step": k + 1,
+                "step": k,
                 "reasoning_source": "synthetic",
             }
         )
-    support = [ids[world.doc(golds[k])] for k in range(len(rows))]
+    support = [ids[world.doc(step.gold)] for step in steps]
     return [{**row, "supporting_docs": support} for row in rows]
 
 
