@@ -18,7 +18,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from acare_ray.offline.resume import part_files, prepare_output, resolve, skip_written, tally
+from acare_ray.offline.resume import (
+    OutputState,
+    part_files,
+    prepare_output,
+    resolve,
+    skip_written,
+    tally,
+    unwritten_rows,
+)
 from acare_ray.schema import SEARCHES
 
 log = logging.getLogger(__name__)
@@ -168,32 +176,13 @@ def run_job(
     ``pyarrow.Table`` batches of ``pool.batch_size`` searches; ``key_column`` is the output
     column counted per value (mode or status). Needs a connected Ray (see :func:`ray_session`).
     """
-    import ray
-    from ray.data.datasource import FilenameProvider
-
     started = time.perf_counter()
     rows_in = count_rows(input_path)
     state = prepare_output(output, {"job": job, **manifest})
-    _, _, ray_input = resolve(input_path)
-    ds = ray.data.read_parquet(ray_input, columns=input_columns(input_path))
-    if state.written is not None:
-        ds = ds.map_batches(
-            skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"
-        )
-    ds = ds.map_batches(
-        actor,
-        fn_constructor_kwargs={**actor_kwargs, "cpus": pool.cpus_per_actor},
-        compute=ray.data.ActorPoolStrategy(min_size=pool.min_size, max_size=pool.max_size),
-        num_gpus=pool.gpus_per_actor or None,
-        num_cpus=pool.cpus_per_actor,
-        batch_size=pool.batch_size,
-        batch_format="pyarrow",
-    )
-    ds.write_parquet(
-        state.ray_path,
-        filename_provider=FilenameProvider(dataset_uuid=state.run_id, file_format="parquet"),
-        min_rows_per_file=pool.rows_per_file,
-    )
+    if state.written is None or unwritten_rows(input_path, state.written) > 0:
+        _write(input_path, state, actor, actor_kwargs, pool)
+    else:
+        log.info("%s: every input row is already in %s; nothing to score", job, output)
     before = set(state.files_before)
     files = part_files(state.fs, state.root)
     mine = [p for p in files if p not in before]
@@ -216,3 +205,36 @@ def run_job(
     )
     log.info("%s", counts.describe())
     return counts
+
+
+def _write(
+    input_path: str,
+    state: OutputState,
+    actor: type,
+    actor_kwargs: dict[str, Any],
+    pool: ActorPool,
+) -> None:
+    """read -> skip written -> actor pool -> write, streaming into ``state``'s folder."""
+    import ray
+    from ray.data.datasource import FilenameProvider
+
+    _, _, ray_input = resolve(input_path)
+    ds = ray.data.read_parquet(ray_input, columns=input_columns(input_path))
+    if state.written is not None:
+        ds = ds.map_batches(
+            skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"
+        )
+    ds = ds.map_batches(
+        actor,
+        fn_constructor_kwargs={**actor_kwargs, "cpus": pool.cpus_per_actor},
+        compute=ray.data.ActorPoolStrategy(min_size=pool.min_size, max_size=pool.max_size),
+        num_gpus=pool.gpus_per_actor or None,
+        num_cpus=pool.cpus_per_actor,
+        batch_size=pool.batch_size,
+        batch_format="pyarrow",
+    )
+    ds.write_parquet(
+        state.ray_path,
+        filename_provider=FilenameProvider(dataset_uuid=state.run_id, file_format="parquet"),
+        min_rows_per_file=pool.rows_per_file,
+    )

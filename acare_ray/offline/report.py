@@ -24,6 +24,16 @@ def _marks(report: dict[str, Any]) -> dict[tuple[str, str], str]:
     return out
 
 
+def _queries(counts: dict[str, Any]) -> str:
+    errored = ", ".join(f"{m} {n}" for m, n in counts.get("errored_rows", {}).items())
+    return (
+        f"{counts['evaluated']} evaluated of {counts['labelled']} labelled "
+        f"(no relevant candidate: {counts['no_relevant_candidate']}, "
+        f"not scored in every mode: {counts['not_scored_in_every_mode']}; "
+        f"error rows per mode: {errored or 'none'})"
+    )
+
+
 def format_table(report: dict[str, Any]) -> str:
     """A fixed-width table: one row per mode, mean [CI] per measure, ``*`` = significantly
     different from the first mode (Holm-adjusted), then the query counts."""
@@ -43,11 +53,7 @@ def format_table(report: dict[str, Any]) -> str:
         f"[{round(sig['confidence'] * 100)}% CI] = percentile bootstrap; "
         f"* = {sig['test']} test vs {modes[0]}, Holm-adjusted p <= {sig['alpha']}"
     )
-    lines.append(
-        f"queries evaluated: {queries['evaluated']} of {queries['labelled']} labelled "
-        f"(no relevant candidate: {queries['no_relevant_candidate']}, "
-        f"not scored in every mode: {queries['not_scored_in_every_mode']})"
-    )
+    lines.append(f"queries: {_queries(queries)}")
     return "\n".join(lines)
 
 
@@ -62,7 +68,7 @@ def write_markdown(report: dict[str, Any], path: str | Path) -> None:
         "",
         f"- model: `{report['model']}`",
         f"- input: `{report['input']}`",
-        f"- queries: {report['queries']}",
+        f"- queries: {_queries(report['queries'])}",
         f"- rerank job: {job['rows_in']} searches x {len(modes)} modes; this run wrote "
         f"{job['written']} rows ({job['errored']} errored), "
         f"{job['already_written']} were already written",
@@ -128,10 +134,10 @@ def write_chart(report: dict[str, Any], path: str | Path) -> None:
             x + (k - (len(modes) - 1) / 2) * width, means, width, yerr=errors, capsize=3, label=mode
         )
     ax.set_xticks(x, measures)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.18)
     ax.set_ylabel("mean over queries")
     ax.set_title(f"{Path(str(report['model'])).name}: {report['queries']['evaluated']} queries")
-    ax.legend(ncols=len(modes), loc="upper left", frameon=False)
+    ax.legend(ncols=len(modes), loc="upper center", frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

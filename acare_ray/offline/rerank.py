@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acare_ray.context import parse_mode
+from acare_ray.context import Mode, parse_mode
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
 
@@ -41,7 +41,7 @@ class RerankConfig:
 def run(config: RerankConfig) -> JobCounts:
     """Run the rerank job; returns its counts."""
     mode = parse_mode(config.mode)
-    mode = mode if isinstance(mode, str) else mode.value
+    mode = mode.value if isinstance(mode, Mode) else mode
     options = config.scorer.options()
     with ray_session(config.ray_address):
         return run_job(

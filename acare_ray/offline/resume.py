@@ -94,6 +94,29 @@ def _written_digests(fs: pafs.FileSystem, files: list[str], column: str) -> np.n
     return np.unique(np.concatenate(parts))
 
 
+def _unwritten_rows(fs: pafs.FileSystem, files: list[str], column: str, done: np.ndarray) -> int:
+    remaining = 0
+    for path in files:
+        with fs.open_input_file(path) as f:
+            table = pq.read_table(f, columns=[column])
+        remaining += skip_written(table, [done], column).num_rows
+    return remaining
+
+
+def unwritten_rows(input_path: str, written: Any, column: str = "search_id") -> int:
+    """How many input rows a run would score: rows whose id is null or not yet written.
+
+    Reads only the id column, in a Ray task; lets a finished job return without starting
+    its actors."""
+    import ray
+
+    fs, root, _ = resolve(input_path)
+    info = fs.get_file_info(root)
+    files = [root] if info.type == pafs.FileType.File else part_files(fs, root)
+    task = ray.remote(num_cpus=0)(_unwritten_rows)
+    return ray.get(task.remote(fs, files, column, written))
+
+
 def skip_written(batch: pa.Table, written: list[Any], column: str = "search_id") -> pa.Table:
     """``batch`` without the rows whose ``column`` digest is in ``written[0]`` (a sorted digest
     array or its object ref). Rows with a null id are kept."""
