@@ -4,7 +4,8 @@ Agent requests as the issue describes them: mode M3, 100 candidates each (MuSiQu
 original question and BM25 top-100 paragraphs; **synthetic** reasoning of about 300 tokens, see
 ``workloads.py``). The same requests are scored
 
-- in process: ``Scorer.score`` one search after another (torch threads = the replica's CPUs);
+- in process: ``Scorer.score`` one search after another (torch threads = the replica's CPUs),
+  before and after the served levels, so drift in machine load shows;
 - served: ``POST /v2/rerank`` (Cohere shape + ``original_question``/``reasoning``) by ``c``
   client threads, each sending its next request when the last one answered (closed loop), for
   ``c`` in 1, 4, 16, each level bounded by ``--duration-s``.
@@ -52,7 +53,7 @@ class BenchConfig:
     dtype: str = "float32"
     searches: int = 16
     candidates: int = 100
-    reasoning_words: int = 115
+    reasoning_words: int = 125
     concurrency: tuple[int, ...] = (1, 4, 16)
     duration_s: float = 20.0
     inprocess_s: float = 20.0
@@ -241,6 +242,8 @@ def run(cfg: BenchConfig) -> dict:
     threads = max(1, int(cfg.replica_cpus))
     torch.set_num_threads(threads)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Same tokenizer threading as the replicas (Serve runs them with parallelism off).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     with tempfile.TemporaryDirectory(prefix="acare-bench-online-") as folder:
         path = model_dir(cfg, Path(folder) / "model")
         scorer = Scorer.from_pretrained(str(path), device=cfg.device, dtype=cfg.dtype)
@@ -252,8 +255,8 @@ def run(cfg: BenchConfig) -> dict:
             "environment": environment(threads),
             "workload": workload_info(scorer, searches),
         }
-        report["in_process"] = run_inprocess(scorer, searches, cfg.inprocess_s)
-        print(f"in-process: {report['in_process']['requests_per_s']:.2f} req/s", flush=True)
+        report["in_process"] = [run_inprocess(scorer, searches, cfg.inprocess_s)]
+        print(f"in-process: {report['in_process'][0]['requests_per_s']:.2f} req/s", flush=True)
         import ray
         from ray import serve
 
@@ -273,6 +276,9 @@ def run(cfg: BenchConfig) -> dict:
         finally:
             serve.shutdown()
             ray.shutdown()
+        report["in_process"].append(run_inprocess(scorer, searches, cfg.inprocess_s))
+        print(f"in-process: {report['in_process'][1]['requests_per_s']:.2f} req/s", flush=True)
+    report["environment"]["load_average_at_end"] = os.getloadavg()[0]
     return report
 
 
@@ -296,15 +302,14 @@ def environment(threads: int) -> dict:
 
 def markdown(report: dict, label: str) -> str:
     cfg, work, env = report["config"], report["workload"], report["environment"]
-    inproc = report["in_process"]
     hardware = env.get("gpu") or f"{env['cpu_count']} CPU cores"
     lines = [
         f"# Online serving benchmark: {label}",
         "",
         f"Model: `{cfg['model']}` (random weights unless a checkpoint path), layers="
         f"{cfg['layers'] or 'all'}, {cfg['dtype']} on {cfg['device']}"
-        f" ({hardware}, load average at start "
-        f"{env['load_average_at_start']:.2f}). Replica: {cfg['replica_cpus']} CPU, "
+        f" ({hardware}, load average {env['load_average_at_start']:.2f} at start, "
+        f"{env['load_average_at_end']:.2f} at end). Replica: {cfg['replica_cpus']} CPU, "
         f"{cfg['replica_gpus']} GPU; max_ongoing_requests {cfg['max_ongoing_requests']}, "
         f"max_queued_requests {cfg['max_queued_requests']}; batching: max_batch_size "
         f"{cfg['max_batch_size']}, max_batch_tokens {cfg['max_batch_tokens']}, wait "
@@ -319,10 +324,13 @@ def markdown(report: dict, label: str) -> str:
         "| setting | clients | requests | req/s | candidates/s | p50 ms | p99 ms | "
         "requests per batch | 503 |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| in-process `Scorer.score` | 1 | {inproc['requests']} | "
-        f"{inproc['requests_per_s']:.2f} | {inproc['candidates_per_s']:.0f} | "
-        f"{inproc['p50_ms']:.0f} | {inproc['p99_ms']:.0f} | - | - |",
     ]
+    for when, inproc in zip(("before", "after"), report["in_process"]):
+        lines.append(
+            f"| in-process `Scorer.score` ({when}) | 1 | {inproc['requests']} | "
+            f"{inproc['requests_per_s']:.2f} | {inproc['candidates_per_s']:.0f} | "
+            f"{inproc['p50_ms']:.0f} | {inproc['p99_ms']:.0f} | - | - |"
+        )
     for level in report["served"]:
         lines.append(
             f"| served `/v2/rerank` | {level['concurrency']} | {level['ok']} | "

@@ -28,6 +28,7 @@ class ServeConfig:
     model: str | None = None
     port: int | None = None
     host: str | None = None
+    address: str | None = None
     print_only: bool = False
 
 
@@ -73,7 +74,8 @@ def run(options: ServeConfig) -> int:
         path.write_text(text)
         http = config.get("http_options", {})
         print(f"acare serve: http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}")
-        serve_cli.main(args=["run", str(path)], prog_name="serve", standalone_mode=False)
+        address = ["--address", options.address] if options.address else []
+        serve_cli.main(args=["run", str(path), *address], prog_name="serve", standalone_mode=False)
     return 0
 
 
@@ -86,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, help="HTTP port (overrides the config)")
     parser.add_argument("--host", help="HTTP host (overrides the config)")
     parser.add_argument(
+        "--address",
+        help="Ray cluster to use (default: $RAY_ADDRESS, a running local cluster, or a new one; "
+        "'local' always starts a new one)",
+    )
+    parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.set_defaults(
@@ -95,6 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 model=args.model,
                 port=args.port,
                 host=args.host,
+                address=args.address,
                 print_only=args.print_config,
             )
         )

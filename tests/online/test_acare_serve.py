@@ -1,0 +1,71 @@
+"""``acare serve`` end to end: the real command starts the app and the Cohere client works."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import cohere
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, tmp_path):
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "acare_ray.cli",
+        "serve",
+        "--model",
+        str(tiny_qwen3_dir),
+        "--port",
+        str(port),
+        "--address",
+        "local",
+    ]
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("acare serve did not answer /health in 240 s")
+        co = cohere.ClientV2(api_key="unused", base_url=base)
+        response = co.rerank(
+            model="acare",
+            query="capital population",
+            documents=["Ostrava is the capital of Velmoria.", "Bananas are yellow."],
+            request_options={"additional_body_parameters": {"reasoning": "Need the capital."}},
+        )
+        assert sorted(r.index for r in response.results) == [0, 1]
+        assert response.meta.mode == "M1"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
