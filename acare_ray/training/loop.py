@@ -1,0 +1,164 @@
+"""The optimisation step: LCE on the scoring core's own differentiable forward.
+
+The model trained is the module that serves: :class:`~acare_ray.causal_lm.PrefixSharedYesNo` for
+causal LMs (several groups per forward, each prefix run once) or :class:`PairScorer` around the
+cross-encoder's ``forward_ids``. Scores are the raw log-odds of the scoring contract; the loss is
+:func:`acare_ray.loss.lce_loss` (temperature only there). On CUDA the forward runs under bf16
+autocast over float32 weights; on CPU everything is float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from acare_ray.loss import lce_loss
+from acare_ray.training.collator import Batch
+
+
+class PairScorer(nn.Module):
+    """A cross-encoder backend as an ``nn.Module``: ``forward(ids, lengths)`` -> logits ``[N]``.
+
+    It owns the backend's Hugging Face model (so DDP/FSDP see its parameters) and calls the
+    backend's ``forward_ids``, the function inference uses.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__()
+        self.model = backend.model
+        self._backend = backend
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self._backend.forward_ids(ids, lengths)
+
+
+def trainable_module(scorer: Any) -> nn.Module:
+    """The differentiable scoring module of a :class:`~acare_ray.scorer.Scorer`."""
+    backend = scorer.backend
+    if backend.name == "causal_lm":
+        return backend.module
+    if backend.name == "cross_encoder":
+        return PairScorer(backend)
+    raise ValueError(f"cannot train backend {backend.name!r}")
+
+
+def build_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; biases and norm weights (1-D parameters) get no weight decay."""
+    decay, no_decay = [], []
+    for param in module.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+
+
+def warmup_linear(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Learning rate: linear from 0 to the peak over ``warmup_steps``, then linear to 0."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
+    return math.floor(total_steps * warmup_ratio)
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; nothing on CPU (float32)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _no_sync(model: nn.Module, skip: bool) -> contextlib.AbstractContextManager:
+    if skip and hasattr(model, "no_sync"):
+        return model.no_sync()
+    if skip and hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp2_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp2_no_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One optimizer step: mean LCE over its micro-batches, grad norm before clipping, lr used."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+
+
+def train_step(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    group_size: int,
+    temperature: float,
+    max_grad_norm: float | None,
+    device: torch.device,
+) -> StepStats:
+    """Forward/backward over ``batches`` (gradient accumulation), clip, step, schedule.
+
+    Each micro-batch's loss is scaled by ``1 / len(batches)``, so the update equals one step on
+    their union when micro-batches hold equal numbers of groups. DDP/FSDP gradient sync happens
+    on the last micro-batch only.
+    """
+    if not batches:
+        raise ValueError("train_step needs at least one batch")
+    model.train()
+    total = 0.0
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        with _no_sync(model, skip=not last):
+            with autocast(device):
+                scores = model(*batch.to(device).inputs())
+            loss = lce_loss(scores, group_size=group_size, temperature=temperature)
+            (loss / len(batches)).backward()
+        total += float(loss.detach())
+    if max_grad_norm is not None:
+        norm = clip_grad_norm(model, max_grad_norm)
+    else:
+        norm = clip_grad_norm(model, float("inf"))
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepStats(loss=total / len(batches), grad_norm=norm, lr=lr)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Clip the global grad norm (FSDP1 modules clip across shards themselves)."""
+    if hasattr(model, "clip_grad_norm_"):
+        norm = model.clip_grad_norm_(max_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)

@@ -1,0 +1,345 @@
+"""LCE fine-tuning as a Ray Train (V2) job: ``run(TrainConfig) -> final checkpoint path``.
+
+``run`` starts a ``TorchTrainer`` with ``ScalingConfig(num_workers, use_gpu)`` and
+``RunConfig(storage_path=output, name=name)``. Each worker loads the scorer, wraps its
+differentiable module in DDP (``prepare_model``; gloo on CPU, NCCL on GPUs) or FSDP2
+(``fully_shard``), and trains on its share of every global batch. Every ``checkpoint_every``
+steps and at the end, the workers validate (nDCG@10 per mode), rank 0 writes a servable
+checkpoint, and all report it; Ray Train keeps the last ``keep_checkpoints``.
+
+Resuming: Ray Train V2 reloads the run's checkpoint list from ``<output>/<name>`` when a run
+with the same name and storage path starts, and ``ray.train.get_checkpoint()`` returns the latest
+one. The worker then loads weights, optimizer and scheduler from it and continues at the saved
+step; data order and dropout are functions of (seed, step), so the continuation sees the same
+groups the interrupted run would have.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from acare_ray.context import FieldDropout
+from acare_ray.schema import Group
+from acare_ray.training import checkpoint as ckpt
+from acare_ray.training.collator import (
+    GroupCollator,
+    epoch_order,
+    parse_groups,
+    read_groups,
+    split_by_session,
+)
+from acare_ray.training.config import TrainConfig
+from acare_ray.training.loop import (
+    build_optimizer,
+    train_step,
+    trainable_module,
+    warmup_linear,
+    warmup_steps,
+)
+from acare_ray.training.validation import validate
+
+log = logging.getLogger("acare_ray.training")
+
+
+def load_splits(config: TrainConfig) -> tuple[list[Group], list[Group]]:
+    """(train, validation) groups: ``val_data`` if given, else a session split of ``data``."""
+    groups = parse_groups(read_groups(config.data), config.group_size)
+    if config.val_data:
+        train = groups
+        val = parse_groups(read_groups(config.val_data), config.group_size)
+        overlap = {g.session_id for g in train} & {g.session_id for g in val}
+        if overlap:
+            raise ValueError(
+                f"val_data shares {len(overlap)} session_id(s) with data, e.g. {sorted(overlap)[0]}"
+            )
+    else:
+        train, val = split_by_session(groups, config.val_fraction, config.seed)
+    if config.val_max_groups is not None and len(val) > config.val_max_groups:
+        keep = np.sort(np.random.default_rng([config.seed, 2]).permutation(len(val)))
+        val = [val[i] for i in keep[: config.val_max_groups]]
+    return train, val
+
+
+def steps_per_epoch(n_train: int, config: TrainConfig) -> int:
+    steps = n_train // config.global_batch_groups
+    if steps < 1:
+        raise ValueError(
+            f"{n_train} training groups are fewer than one global batch "
+            f"(batch_groups {config.batch_groups} x grad_accum {config.grad_accum} x "
+            f"workers {config.workers} = {config.global_batch_groups})"
+        )
+    return steps
+
+
+def total_steps(n_train: int, config: TrainConfig) -> int:
+    return config.max_steps or config.epochs * steps_per_epoch(n_train, config)
+
+
+def step_groups(n_train: int, config: TrainConfig, step: int, rank: int) -> list[np.ndarray]:
+    """Indices of the training groups ``rank`` uses at ``step``, one array per micro-batch."""
+    per_epoch = steps_per_epoch(n_train, config)
+    epoch, index = divmod(step, per_epoch)
+    size = config.global_batch_groups
+    chunk = epoch_order(n_train, config.seed, epoch)[index * size : (index + 1) * size]
+    mine = chunk.reshape(config.workers, config.grad_accum, config.batch_groups)[rank]
+    return list(mine)
+
+
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+def _wrap(module: nn.Module, config: TrainConfig, world_size: int) -> nn.Module:
+    from ray.train.torch import get_device, prepare_model
+
+    if config.strategy == "fsdp" and world_size > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        module.to(get_device())
+        # Root-level sharding: PrefixSharedYesNo calls decoder-layer internals directly, so the
+        # whole parameter set is gathered for one forward; gradients and optimizer state stay
+        # sharded.
+        return fully_shard(module)
+    return prepare_model(module, parallel_strategy="ddp" if world_size > 1 else None)
+
+
+class WorkerRun:
+    """One worker's part of a run: loads (or restores) the model, then ``fit`` trains it.
+
+    Construct it inside a Ray Train worker. ``scorer`` is the in-memory model being trained
+    (its backend's module is the one wrapped for DDP/FSDP), usable for scoring after ``fit``.
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        import ray.train
+        from ray.train.torch import get_device
+
+        from acare_ray.scorer import Scorer
+
+        self.config = config
+        context = ray.train.get_context()
+        self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        self.device = get_device()
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.cpus_per_worker)
+
+        self.train, self.val = load_splits(config)
+        self.per_epoch = steps_per_epoch(len(self.train), config)
+        self.total = total_steps(len(self.train), config)
+        self.start_step, self.history, trainer_state = 0, [], None
+        restored = ray.train.get_checkpoint()
+        if restored is not None:
+            with restored.as_directory() as directory:
+                info = ckpt.read_training_info(directory)
+                mismatches = config.resume_mismatches(info["config"])
+                if mismatches:
+                    raise ValueError(
+                        f"run {config.name!r} exists with other settings and cannot be resumed "
+                        f"(use a new name): {'; '.join(mismatches)}"
+                    )
+                trainer_state = ckpt.read_trainer_state(directory)
+                self.scorer = Scorer.from_pretrained(
+                    directory, device=self.device, dtype=torch.float32, backend=config.backend
+                )
+            self.start_step, self.history = info["step"], info["history"]
+            if self.rank == 0:
+                log.info("resuming run %r at step %d", config.name, self.start_step)
+        else:
+            options = {"max_length": config.max_length} if config.max_length else {}
+            self.scorer = Scorer.from_pretrained(
+                config.model,
+                device=self.device,
+                dtype=torch.float32,
+                backend=config.backend,
+                **options,
+            )
+
+        self.module = trainable_module(self.scorer)
+        self.module.train()
+        self.model = _wrap(self.module, config, self.world)
+        self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay)
+        self.scheduler = warmup_linear(
+            self.optimizer, warmup_steps(self.total, config.warmup_ratio), self.total
+        )
+        if trainer_state is not None:
+            ckpt.load_optimizer_state(self.model, self.optimizer, trainer_state["optimizer"])
+            self.scheduler.load_state_dict(trainer_state["scheduler"])
+        self.collator = GroupCollator(
+            self.scorer.backend,
+            config.group_size,
+            FieldDropout(config.p_question, config.p_reasoning, config.seed),
+        )
+
+    def validation(self) -> dict[str, float]:
+        """nDCG@10 per mode on the validation groups (all ranks take part)."""
+        if not self.val:
+            return {}
+        self.module.eval()
+        try:
+            with ckpt.full_parameters(self.model):
+                return validate(
+                    self.scorer, self.val, self.config.eval_modes, self.rank, self.world
+                )
+        finally:
+            self.module.train()
+
+    def fit(self) -> list[dict[str, Any]]:
+        """Train from ``start_step`` to the last step; returns the metric history."""
+        import ray.train
+
+        config = self.config
+        if self.start_step == 0 and config.eval_at_start:
+            metrics = {"step": 0, **self.validation()}
+            self.history.append(metrics)
+            ray.train.report(metrics)
+            if self.rank == 0:
+                log.info("step 0: %s", metrics)
+
+        losses, started = [], time.perf_counter()
+        for step in range(self.start_step, self.total):
+            epoch = step // self.per_epoch
+            torch.manual_seed(_step_seed(config.seed, step, self.rank))
+            batches = [
+                self.collator([self.train[i] for i in part], epoch)
+                for part in step_groups(len(self.train), config, step, self.rank)
+            ]
+            stats = train_step(
+                self.model,
+                batches,
+                self.optimizer,
+                self.scheduler,
+                group_size=config.group_size,
+                temperature=config.temperature,
+                max_grad_norm=config.max_grad_norm,
+                device=self.device,
+            )
+            losses.append(stats.loss)
+            done = step + 1
+            if self.rank == 0 and (done % config.log_every == 0 or done == self.total):
+                log.info(
+                    "step %d/%d epoch %d loss %.4f lr %.2e grad_norm %.3f (%.2f s/step)",
+                    done,
+                    self.total,
+                    epoch,
+                    float(np.mean(losses[-config.log_every :])),
+                    stats.lr,
+                    stats.grad_norm,
+                    (time.perf_counter() - started) / (done - self.start_step),
+                )
+            if done % config.checkpoint_every == 0 or done == self.total:
+                metrics = {
+                    "step": done,
+                    "epoch": epoch,
+                    "loss": float(np.mean(losses)),
+                    "lr": stats.lr,
+                    **self.validation(),
+                }
+                losses = []
+                self.history.append(metrics)
+                self.save_and_report(metrics)
+        self.module.eval()
+        return self.history
+
+    def save_and_report(self, metrics: dict[str, Any]) -> None:
+        """Rank 0 writes a checkpoint of the current weights; every rank reports ``metrics``."""
+        import ray.train
+
+        optimizer_state = ckpt.optimizer_state(self.model, self.optimizer)
+        step = metrics["step"]
+        with tempfile.TemporaryDirectory(prefix="acare-ckpt-") as tmp:
+            checkpoint = None
+            with ckpt.full_parameters(self.model):
+                if self.rank == 0:
+                    info = {"step": step, "config": self.config.to_dict(), "history": self.history}
+                    state = {
+                        "optimizer": optimizer_state,
+                        "scheduler": self.scheduler.state_dict(),
+                    }
+                    ckpt.write_checkpoint(tmp, self.scorer, info=info, trainer_state=state)
+                    checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(
+                metrics, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint_{step:07d}"
+            )
+        if self.rank == 0:
+            log.info("step %d: checkpoint saved, %s", step, metrics)
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function ``TorchTrainer`` runs on each worker; returns the metric history."""
+    _log_to_stderr()
+    return WorkerRun(TrainConfig.from_dict(loop_config["config"])).fit()
+
+
+def _log_to_stderr() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def _absolute(path: str | None) -> str | None:
+    if path is None:
+        return None
+    resolved = Path(path).expanduser()
+    return str(resolved.resolve()) if resolved.exists() else path
+
+
+def run(config: TrainConfig) -> Path:
+    """Run (or resume) the training job; returns the final checkpoint's directory.
+
+    Connects to ``config.ray_address`` or starts/joins a local Ray instance. Paths are made
+    absolute first, since workers do not share the caller's working directory. Raises
+    ``ray.train.TrainingFailedError`` (wrapping the worker's error) if training fails.
+    """
+    import ray
+
+    config = replace(
+        config,
+        data=_absolute(config.data),
+        val_data=_absolute(config.val_data),
+        model=_absolute(config.model),
+    )
+    Path(config.output).expanduser().mkdir(parents=True, exist_ok=True)
+    if not ray.is_initialized():
+        ray.init(address=config.ray_address, log_to_driver=True)
+    result = build_trainer(config).fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"run {config.name!r} finished without a checkpoint")
+    return Path(result.checkpoint.path)
+
+
+def build_trainer(
+    config: TrainConfig, train_fn: Callable[[dict[str, Any]], Any] = train_loop_per_worker
+) -> Any:
+    """The ``TorchTrainer`` of a run (``run`` fits it; tests may pass their own ``train_fn``)."""
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    resources: dict[str, float] = {"CPU": config.cpus_per_worker}
+    if config.use_gpu:
+        resources["GPU"] = config.gpus_per_worker
+    return TorchTrainer(
+        train_fn,
+        train_loop_config={"config": config.to_dict()},
+        scaling_config=ScalingConfig(
+            num_workers=config.workers,
+            use_gpu=config.use_gpu,
+            resources_per_worker=resources,
+        ),
+        run_config=RunConfig(
+            name=config.name,
+            storage_path=str(Path(config.output).expanduser().resolve()),
+            checkpoint_config=CheckpointConfig(num_to_keep=config.keep_checkpoints),
+        ),
+    )

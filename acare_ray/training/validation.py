@@ -1,0 +1,83 @@
+"""Validation during training: nDCG@10 per mode on held-out groups, through ``Scorer``.
+
+Each validation group is one query: its positive is judged relevant (1), its negatives not (0).
+A mode is evaluated on the groups whose context has that mode's fields (M2 needs a question,
+M1 a reasoning, M3 both), with the dropout-free context, by the same ``Scorer.score_many`` that
+serves. Under several workers each scores a share of the groups and the runs are gathered, so
+every rank returns the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from acare_ray.context import Mode
+from acare_ray.metrics import evaluate
+from acare_ray.schema import Group
+
+MEASURE = "nDCG@10"
+CHUNK_GROUPS = 32
+
+
+def metric_key(mode: Mode | str, measure: str = MEASURE) -> str:
+    return f"val/{measure}/{Mode(mode).value}"
+
+
+def eligible(groups: Sequence[Group], mode: Mode) -> list[Group]:
+    """The groups whose context has every field ``mode`` reads."""
+    return [
+        g
+        for g in groups
+        if not (mode.uses_question and g.context.question is None)
+        and not (mode.uses_reasoning and g.context.reasoning is None)
+    ]
+
+
+def qrels_of(groups: Sequence[Group]) -> dict[str, dict[str, int]]:
+    return {
+        g.group_id: {g.positive.doc_id: 1, **{d.doc_id: 0 for d in g.negatives}} for g in groups
+    }
+
+
+def score_groups(scorer: Any, groups: Sequence[Group], mode: Mode) -> dict[str, dict[str, float]]:
+    """A run ``{group_id: {doc_id: score}}`` for ``groups`` in ``mode``."""
+    run: dict[str, dict[str, float]] = {}
+    for start in range(0, len(groups), CHUNK_GROUPS):
+        chunk = groups[start : start + CHUNK_GROUPS]
+        items = [(g.context, [d.text for d in (g.positive, *g.negatives)]) for g in chunk]
+        for group, scores in zip(chunk, scorer.score_many(items, mode)):
+            docs = (group.positive, *group.negatives)
+            run[group.group_id] = {d.doc_id: float(s) for d, s in zip(docs, scores)}
+    return run
+
+
+def _gather(run: dict[str, dict[str, float]], world_size: int) -> dict[str, dict[str, float]]:
+    if world_size == 1:
+        return run
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * world_size
+    dist.all_gather_object(parts, run)
+    return {qid: docs for part in parts for qid, docs in part.items()}
+
+
+def validate(
+    scorer: Any,
+    groups: Sequence[Group],
+    modes: Sequence[Mode | str],
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, float]:
+    """``{"val/nDCG@10/M0": ..., ...}`` for each mode with at least one eligible group.
+
+    All ranks must call it with the same ``groups`` and ``modes`` (it gathers across them).
+    """
+    metrics: dict[str, float] = {}
+    for mode in map(Mode, modes):
+        chosen = eligible(groups, mode)
+        if not chosen:
+            continue
+        run = _gather(score_groups(scorer, chosen[rank::world_size], mode), world_size)
+        metrics[metric_key(mode)] = evaluate(qrels_of(chosen), run, [MEASURE]).mean[MEASURE]
+    return metrics
