@@ -229,7 +229,8 @@ def _write(
         fn_constructor_kwargs={**actor_kwargs, "cpus": pool.cpus_per_actor},
         compute=ray.data.ActorPoolStrategy(min_size=pool.min_size, max_size=pool.max_size),
         num_gpus=pool.gpus_per_actor or None,
-        num_cpus=pool.cpus_per_actor,
+        # 1 CPU is Ray Data's default; passing it beside num_gpus only logs a warning.
+        num_cpus=None if pool.cpus_per_actor == 1 else pool.cpus_per_actor,
         batch_size=pool.batch_size,
         batch_format="pyarrow",
     )
