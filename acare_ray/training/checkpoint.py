@@ -5,7 +5,8 @@ Layout of one checkpoint directory::
     config.json, model.safetensors, tokenizer files   # save_pretrained (model + tokenizer)
     acare.json                                         # Scorer.acare_config(): backend, template,
                                                        # caps, max_length, yes/no ids
-    training.json                                      # step, epoch, run config, history
+    training.json                                      # step, run config, metric history,
+                                                       # steps at which relaunches resumed
     trainer_state.pt                                   # optimizer + LR scheduler state
 
 ``Scorer.from_pretrained(<checkpoint>)`` (and so the Serve app) loads it as any model folder;

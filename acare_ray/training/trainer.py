@@ -136,7 +136,7 @@ class WorkerRun:
         self.train, self.val = load_splits(config)
         self.per_epoch = steps_per_epoch(len(self.train), config)
         self.total = total_steps(len(self.train), config)
-        self.start_step, self.history, trainer_state = 0, [], None
+        self.start_step, self.history, self.resumes, trainer_state = 0, [], [], None
         restored = ray.train.get_checkpoint()
         if restored is not None:
             with restored.as_directory() as directory:
@@ -152,6 +152,7 @@ class WorkerRun:
                     directory, device=self.device, dtype=torch.float32, backend=config.backend
                 )
             self.start_step, self.history = info["step"], info["history"]
+            self.resumes = [*info.get("resumes", []), self.start_step]
             if self.rank == 0:
                 log.info("resuming run %r at step %d", config.name, self.start_step)
         else:
@@ -240,7 +241,7 @@ class WorkerRun:
                 metrics = {
                     "step": done,
                     "epoch": epoch,
-                    "loss": float(np.mean(losses)),
+                    "loss": _mean_over_ranks(float(np.mean(losses)), self.world, self.device),
                     "lr": stats.lr,
                     **self.validation(),
                 }
@@ -260,7 +261,12 @@ class WorkerRun:
             checkpoint = None
             with ckpt.full_parameters(self.model):
                 if self.rank == 0:
-                    info = {"step": step, "config": self.config.to_dict(), "history": self.history}
+                    info = {
+                        "step": step,
+                        "config": self.config.to_dict(),
+                        "history": self.history,
+                        "resumes": self.resumes,
+                    }
                     state = {
                         "optimizer": optimizer_state,
                         "scheduler": self.scheduler.state_dict(),
@@ -280,12 +286,23 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> list[dict[str, Any]]:
     return WorkerRun(TrainConfig.from_dict(loop_config["config"])).fit()
 
 
+def _mean_over_ranks(value: float, world_size: int, device: torch.device) -> float:
+    if world_size == 1:
+        return value
+    import torch.distributed as dist
+
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return float(total) / world_size
+
+
 def _log_to_stderr() -> None:
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def _absolute(path: str | None) -> str | None:
