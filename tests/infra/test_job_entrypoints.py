@@ -14,7 +14,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+import yaml
 from infra_support import KUBERAY, REPO, load_yaml_documents
+from ray.runtime_env import RuntimeEnv
 
 from acare_ray.cli import build_parser
 
@@ -106,20 +108,42 @@ def test_rayjob_paths_live_on_storage_every_ray_pod_mounts(command):
         assert any(path.is_relative_to(m) for m in mounts), f"{path} is on no shared mount"
 
 
+def documented_submit(path: Path) -> tuple[list[str], list[str]]:
+    """(``ray job submit`` options, entrypoint) of the command in a job spec's header comment."""
+    comments = [line.lstrip("#").strip() for line in path.read_text().splitlines()]
+    (command,) = [line for line in comments if line.startswith("ray job submit")]
+    argv = shlex.split(command)
+    split = argv.index("--")
+    return argv[3:split], argv[split + 1 :]
+
+
+def option(options: list[str], name: str) -> str | None:
+    return options[options.index(name) + 1] if name in options else None
+
+
 @pytest.mark.parametrize("command", JOB_COMMANDS)
 def test_job_spec_entrypoint_parses_and_its_files_exist(command):
-    spec = only_doc(JOB_SPECS[command])
-    argv = cli_argv(spec["entrypoint"])
-    args = parse(argv)
+    path = JOB_SPECS[command]
+    assert path.is_file(), f"{path.relative_to(REPO)} is missing"
+    options, entrypoint = documented_submit(path)
+    args = parse(cli_argv(shlex.join(entrypoint)))
     assert args.command == command and callable(args.func)
-    working_dir = spec.get("runtime_env", {}).get("working_dir")
-    base = REPO
+    runtime_env = option(options, "--runtime-env")
+    assert runtime_env and (REPO / runtime_env).resolve() == path.resolve(), runtime_env
+    RuntimeEnv(**load_yaml_documents(path)[0])
+    working_dir = option(options, "--working-dir")
     if working_dir and "://" not in working_dir:
-        base = (REPO / working_dir).resolve()
-        assert base.is_dir(), f"jobs/{command}.yaml: working_dir {working_dir!r} does not exist"
-    for value in flag_values(argv):
+        assert (REPO / working_dir).is_dir(), f"{path.name}: --working-dir {working_dir} missing"
+    for value in flag_values(entrypoint):
         if value.endswith((".yaml", ".yml")) and "://" not in value:
-            assert (base / value).is_file(), f"jobs/{command}.yaml references missing {value}"
+            assert (REPO / value).is_file(), f"{path.name} references missing {value}"
+
+
+@pytest.mark.parametrize("command", JOB_COMMANDS)
+def test_rayjob_runs_with_the_job_spec_runtime_env(command):
+    rayjob = only_doc(RAYJOBS[command])["spec"]
+    (runtime_env,) = load_yaml_documents(JOB_SPECS[command])
+    assert yaml.safe_load(rayjob.get("runtimeEnvYAML", "{}")) == runtime_env
 
 
 def test_the_cluster_doc_submits_every_job():
