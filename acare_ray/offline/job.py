@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -179,6 +179,9 @@ def run_job(
     started = time.perf_counter()
     rows_in = count_rows(input_path)
     state = prepare_output(output, {"job": job, **manifest})
+    if "search_id" not in input_columns(input_path):
+        # Every row becomes an error row naming the missing id; nothing can be skipped.
+        state = replace(state, written=None)
     if state.written is None or unwritten_rows(input_path, state.written) > 0:
         _write(input_path, state, actor, actor_kwargs, pool)
     else:

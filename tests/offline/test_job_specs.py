@@ -1,0 +1,43 @@
+"""jobs/*.yaml: valid runtime environments whose documented entrypoints the CLI accepts."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from acare_ray.cli import build_parser, main
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+
+
+def submit_command(path: Path) -> list[str]:
+    """The ``ray job submit ...`` line documented in the file's header comment."""
+    lines = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")]
+    (command,) = [line for line in lines if line.startswith("ray job submit")]
+    return shlex.split(command)
+
+
+@pytest.mark.parametrize("name", ["rerank", "relabel", "eval"])
+def test_job_spec_is_a_runtime_env_and_its_entrypoint_parses(name):
+    from ray.runtime_env import RuntimeEnv
+
+    path = JOBS / f"{name}.yaml"
+    spec = yaml.safe_load(path.read_text())
+    RuntimeEnv(**spec)  # raises on unknown or malformed fields
+    command = submit_command(path)
+    assert command[command.index("--runtime-env") + 1] == f"jobs/{name}.yaml"
+    entrypoint = command[command.index("--") + 1 :]
+    assert entrypoint[:2] == ["acare", name]
+    args = build_parser().parse_args(entrypoint[1:])
+    assert args.command == name and callable(args.func)
+
+
+def test_bad_flags_exit_2_with_a_message(capsys, tmp_path):
+    code = main(
+        ["rerank", "--input", "x", "--output", str(tmp_path), "--model", "m"] + ["--actors", "3,1"]
+    )
+    assert code == 2
+    assert "actors: need 1 <= MIN <= MAX, got MIN=3, MAX=1" in capsys.readouterr().err
