@@ -99,6 +99,12 @@ def test_other_documents_are_known_core_kinds():
             ),
             "'limit' was unexpected",
         ),
+        (
+            lambda s: s["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"][
+                "limits"
+            ].update(memory="lots"),
+            "does not match",
+        ),
     ],
     ids=[
         "misspelt-field",
@@ -108,6 +114,7 @@ def test_other_documents_are_known_core_kinds():
         "bool-as-string",
         "duplicate-env",
         "pod-field-typo",
+        "bad-quantity",
     ],
 )
 def test_broken_raycluster_fails_validation(raycluster, crd_errors, mutate, expected):
