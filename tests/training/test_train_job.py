@@ -1,0 +1,202 @@
+"""LCE fine-tuning as a Ray Train job: 2-worker DDP on the tiny Qwen3, checkpoints, resume.
+
+The ranking task: every group's positive is a passage about the weather and its negatives are
+about other topics, each passage a fresh random draw of topic words. The tiny random model
+cannot rank it before training (nDCG@10 near chance); it has to learn which words make a
+passage relevant from the gradients that reach it through DDP, and is checked on held-out
+sessions whose passages are new draws.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import ray.cloudpickle
+from safetensors.torch import load_file
+
+from acare_ray.context import AgentContext, Mode
+from acare_ray.data.io import write_parquet
+from acare_ray.schema import TRAINING_GROUPS
+from acare_ray.scorer import Scorer
+from acare_ray.training import TrainConfig, run
+from acare_ray.training.checkpoint import read_training_info
+from acare_ray.training.trainer import WorkerRun, build_trainer
+
+pytestmark = pytest.mark.slow
+
+# Ray workers cannot import this test module; ship its functions by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+TOPIC_WORDS = {
+    "weather": "rain snow wind storm cloud sun thunder fog frost heat sky cold",
+    "sea": "boat ship wave fish sail harbor shore tide salt anchor island coral",
+    "music": "song guitar piano drum band melody choir violin concert rhythm singer chord",
+    "food": "bread cheese soup apple rice butter sugar salad pepper onion cake honey",
+    "sport": "ball goal team match coach player score race stadium tennis soccer runner",
+}
+TOPICS = {topic: words.split() for topic, words in TOPIC_WORDS.items()}
+PROBE = AgentContext("passage", question="Which passage is about the weather?", reasoning="Read.")
+PROBE_DOCS = ["rain wind cloud fog sky", "song drum band choir", "bread rice soup", "goal team"]
+
+
+def _topic_groups(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    others = [t for t in TOPICS if t != "weather"]
+
+    def passage(topic: str, doc_id: str) -> dict:
+        return {"doc_id": doc_id, "text": " ".join(rng.sample(TOPICS[topic], 8))}
+
+    return [
+        {
+            "group_id": f"t{seed}-{i}",
+            "session_id": f"t{seed}-s{i}",
+            "sub_query": "find the passage",
+            "question": "Which passage is about the weather?",
+            "reasoning": "I will read each passage and look for the topic.",
+            "positive": passage("weather", f"t{seed}-{i}:p"),
+            "negatives": [passage(rng.choice(others), f"t{seed}-{i}:n{k}") for k in range(7)],
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    import pyarrow as pa
+
+    root = tmp_path_factory.mktemp("topic-task")
+    train = write_parquet(pa.Table.from_pylist(_topic_groups(96, 0), TRAINING_GROUPS), root / "t")
+    val = write_parquet(pa.Table.from_pylist(_topic_groups(24, 1), TRAINING_GROUPS), root / "v")
+    return str(train), str(val)
+
+
+def _config(task, model_dir, output, name) -> TrainConfig:
+    return TrainConfig(
+        data=task[0],
+        val_data=task[1],
+        model=str(model_dir),
+        output=str(output),
+        name=name,
+        workers=2,
+        batch_groups=2,
+        max_steps=12,
+        checkpoint_every=4,
+        keep_checkpoints=2,
+        lr=3e-3,
+        warmup_ratio=0.0,
+        eval_modes=("M0", "M3"),
+        log_every=4,
+    )
+
+
+def _train_and_probe(loop_config: dict) -> dict:
+    """The real worker run, then the in-memory model's scores on the probe (rank 0 returns)."""
+    worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
+    history = worker.fit()
+    scores = {m.value: worker.scorer.score(PROBE, PROBE_DOCS, m).tolist() for m in Mode}
+    return {"history": history, "scores": scores}
+
+
+@pytest.fixture(scope="module")
+def reference(ray_local, task, tiny_qwen3_dir, tmp_path_factory):
+    config = _config(task, tiny_qwen3_dir, tmp_path_factory.mktemp("runs"), "reference")
+    result = build_trainer(config, train_fn=_train_and_probe).fit()
+    return config, result
+
+
+def test_ddp_checkpoint_scores_equal_the_trained_model_in_memory(reference):
+    config, result = reference
+    checkpoint = Path(result.checkpoint.path)
+    assert read_training_info(checkpoint)["step"] == 12
+    loaded = Scorer.from_pretrained(str(checkpoint), device="cpu")
+    assert loaded.backend.name == "causal_lm"
+    for mode in Mode:
+        np.testing.assert_allclose(
+            loaded.score(PROBE, PROBE_DOCS, mode),
+            result.return_value["scores"][mode.value],
+            atol=1e-5,
+            rtol=1e-5,
+        )
+    kept = sorted(p.name for p in checkpoint.parent.glob("checkpoint_0*"))
+    assert kept == ["checkpoint_0000008", "checkpoint_0000012"]  # keep_checkpoints=2
+
+
+def test_validation_ndcg_rises_well_above_its_start(reference):
+    _, result = reference
+    history = result.return_value["history"]
+    assert [h["step"] for h in history] == [0, 4, 8, 12]
+    for mode in ("M0", "M3"):
+        key = f"val/nDCG@10/{mode}"
+        start, end = history[0][key], history[-1][key]
+        assert start < 0.75, history
+        assert end > 0.9 and end - start > 0.2, history
+    assert result.metrics["val/nDCG@10/M3"] == history[-1]["val/nDCG@10/M3"]
+
+
+def _snapshot_lists(run_dir: Path, checkpoint: str) -> bool:
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    return snapshot.is_file() and checkpoint in snapshot.read_text()
+
+
+def test_killed_run_relaunched_resumes_at_its_checkpoint(reference, task, tiny_qwen3_dir, tmp_path):
+    ref_config, ref_result = reference
+    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "killed")
+    run_dir = tmp_path / "runs" / "killed"
+    command = [sys.executable, "-m", "acare_ray.cli", "train", "--data", config.data]
+    command += ["--val-data", config.val_data, "--model", config.model]
+    command += ["--output", config.output, "--name", config.name, "--workers", "2"]
+    command += ["--batch-groups", "2", "--max-steps", "12", "--checkpoint-every", "4"]
+    command += ["--keep-checkpoints", "2", "--lr", "3e-3", "--warmup-ratio", "0"]
+    command += ["--eval-modes", "M0,M3", "--log-every", "4"]
+    command += ["--ray-address", ray.get_runtime_context().gcs_address]
+    with open(tmp_path / "killed.log", "w") as log:
+        driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+        try:
+            deadline = time.monotonic() + 300
+            while not _snapshot_lists(run_dir, "checkpoint_0000004"):
+                assert driver.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint within 300 s"
+                time.sleep(0.2)
+        finally:
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert not _snapshot_lists(run_dir, "checkpoint_0000012"), "the run finished before the kill"
+
+    final = run(config)
+
+    info = read_training_info(final)
+    assert info["step"] == 12
+    assert len(info["resumes"]) == 1 and info["resumes"][0] in (4, 8)
+    assert [h["step"] for h in info["history"]] == [0, 4, 8, 12]
+    # Same step, same data order, same optimizer state: the weights equal the uninterrupted run's.
+    resumed = load_file(final / "model.safetensors")
+    uninterrupted = load_file(Path(ref_result.checkpoint.path) / "model.safetensors")
+    assert resumed.keys() == uninterrupted.keys()
+    for key in resumed:
+        np.testing.assert_allclose(resumed[key], uninterrupted[key], atol=1e-6, err_msg=key)
+    assert ref_config.resume_mismatches(config.to_dict()) == []
+    saved = json.loads((final / "training.json").read_text())["config"]
+    assert saved["name"] == "killed"
+
+
+def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir):
+    config, result = reference
+    changed = _config(task, tiny_qwen3_dir, config.output, "reference")
+    changed = TrainConfig.from_dict({**changed.to_dict(), "seed": 1})
+    with pytest.raises(Exception, match="cannot be resumed.*seed: saved 0, now 1"):
+        run(changed)
+
+
+def test_relaunch_of_a_finished_run_returns_its_final_checkpoint(reference):
+    config, result = reference
+    assert run(config) == Path(result.checkpoint.path)
