@@ -49,7 +49,7 @@ def full_parameters(model: nn.Module) -> Iterator[None]:
     A no-op for DDP and single-process models, whose parameters are always whole; an FSDP2
     (``fully_shard``) model is unsharded on entry and resharded on exit. All ranks must enter.
     """
-    if hasattr(model, "unshard") and hasattr(model, "reshard"):
+    if is_sharded(model):
         model.unshard()
         try:
             yield
@@ -57,6 +57,25 @@ def full_parameters(model: nn.Module) -> Iterator[None]:
             model.reshard()
     else:
         yield
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` is FSDP2-sharded (its ``state_dict`` holds shards, not weights)."""
+    return hasattr(model, "unshard") and hasattr(model, "reshard")
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU, keyed as in the wrapped Hugging Face model.
+
+    Collective under FSDP (every rank must call it). The training module holds the Hugging Face
+    model one attribute down (``PrefixSharedYesNo.lm``, ``PairScorer.model``), so that first
+    name is dropped from each key.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    return {key.split(".", 1)[1]: value for key, value in state.items()}
 
 
 def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -82,22 +101,40 @@ def write_checkpoint(
     *,
     info: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a servable checkpoint of ``scorer``'s current weights into ``directory``.
 
     ``info`` (JSON-serialisable: step, config, history) goes to ``training.json``;
-    ``trainer_state`` (optimizer/scheduler state dicts) to ``trainer_state.pt``. The caller makes
-    sure the weights are whole (see :func:`full_parameters`) and that one rank writes.
+    ``trainer_state`` (optimizer/scheduler state dicts) to ``trainer_state.pt``. Weights are the
+    scorer's own, or ``model_state`` when given (a sharded model's gathered weights, see
+    :func:`full_model_state`). One rank writes.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    hf_model(scorer).save_pretrained(directory)
+    model = hf_model(scorer)
+    if model_state is not None:
+        model_state = _without_tied_copies(model, model_state)
+    model.save_pretrained(directory, state_dict=model_state)
     hf_tokenizer(scorer).save_pretrained(directory)
     (directory / ACARE_CONFIG_FILE).write_text(json.dumps(scorer.acare_config(), indent=2) + "\n")
     (directory / TRAINING_FILE).write_text(json.dumps(info, indent=2) + "\n")
     if trainer_state is not None:
         torch.save(trainer_state, directory / TRAINER_STATE_FILE)
     return directory
+
+
+def _without_tied_copies(
+    model: nn.Module, state: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``state`` with each tied parameter under its first name only, as ``save_pretrained``
+    writes it (a gathered state dict repeats tied weights, e.g. ``lm_head.weight``)."""
+    first: dict[int, str] = {}
+    repeats = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            repeats.add(name)
+    return {key: value for key, value in state.items() if key not in repeats}
 
 
 def read_training_info(directory: str | os.PathLike) -> dict[str, Any]:

@@ -256,23 +256,23 @@ class WorkerRun:
         import ray.train
 
         optimizer_state = ckpt.optimizer_state(self.model, self.optimizer)
+        sharded = ckpt.is_sharded(self.model)
+        model_state = ckpt.full_model_state(self.model) if sharded else None
         step = metrics["step"]
         with tempfile.TemporaryDirectory(prefix="acare-ckpt-") as tmp:
             checkpoint = None
-            with ckpt.full_parameters(self.model):
-                if self.rank == 0:
-                    info = {
-                        "step": step,
-                        "config": self.config.to_dict(),
-                        "history": self.history,
-                        "resumes": self.resumes,
-                    }
-                    state = {
-                        "optimizer": optimizer_state,
-                        "scheduler": self.scheduler.state_dict(),
-                    }
-                    ckpt.write_checkpoint(tmp, self.scorer, info=info, trainer_state=state)
-                    checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            if self.rank == 0:
+                info = {
+                    "step": step,
+                    "config": self.config.to_dict(),
+                    "history": self.history,
+                    "resumes": self.resumes,
+                }
+                state = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}
+                ckpt.write_checkpoint(
+                    tmp, self.scorer, info=info, trainer_state=state, model_state=model_state
+                )
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(
                 metrics, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint_{step:07d}"
             )

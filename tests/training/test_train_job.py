@@ -29,7 +29,7 @@ from acare_ray.data.io import write_parquet
 from acare_ray.schema import TRAINING_GROUPS
 from acare_ray.scorer import Scorer
 from acare_ray.training import TrainConfig, run
-from acare_ray.training.checkpoint import read_training_info
+from acare_ray.training.checkpoint import full_parameters, read_training_info
 from acare_ray.training.trainer import WorkerRun, build_trainer
 
 pytestmark = pytest.mark.slow
@@ -80,13 +80,14 @@ def task(tmp_path_factory):
     return str(train), str(val)
 
 
-def _config(task, model_dir, output, name) -> TrainConfig:
+def _config(task, model_dir, output, name, strategy="ddp") -> TrainConfig:
     return TrainConfig(
         data=task[0],
         val_data=task[1],
         model=str(model_dir),
         output=str(output),
         name=name,
+        strategy=strategy,
         workers=2,
         batch_groups=2,
         max_steps=12,
@@ -103,7 +104,8 @@ def _train_and_probe(loop_config: dict) -> dict:
     """The real worker run, then the in-memory model's scores on the probe (rank 0 returns)."""
     worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
     history = worker.fit()
-    scores = {m.value: worker.scorer.score(PROBE, PROBE_DOCS, m).tolist() for m in Mode}
+    with full_parameters(worker.model):
+        scores = {m.value: worker.scorer.score(PROBE, PROBE_DOCS, m).tolist() for m in Mode}
     return {"history": history, "scores": scores}
 
 
@@ -141,6 +143,28 @@ def test_validation_ndcg_rises_well_above_its_start(reference):
         assert start < 0.75, history
         assert end > 0.9 and end - start > 0.2, history
     assert result.metrics["val/nDCG@10/M3"] == history[-1]["val/nDCG@10/M3"]
+
+
+def test_fsdp_run_trains_like_ddp_and_its_checkpoint_serves(
+    reference, task, tiny_qwen3_dir, tmp_path
+):
+    _, ddp = reference
+    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "fsdp", strategy="fsdp")
+    result = build_trainer(config, train_fn=_train_and_probe).fit()
+    checkpoint = Path(result.checkpoint.path)
+    loaded = Scorer.from_pretrained(str(checkpoint), device="cpu")
+    for mode in Mode:
+        np.testing.assert_allclose(
+            loaded.score(PROBE, PROBE_DOCS, mode),
+            result.return_value["scores"][mode.value],
+            atol=1e-5,
+            rtol=1e-5,
+        )
+    sharded = load_file(checkpoint / "model.safetensors")
+    replicated = load_file(Path(ddp.checkpoint.path) / "model.safetensors")
+    assert sharded.keys() == replicated.keys()  # tied lm_head stored once, as save_pretrained does
+    for key in sharded:
+        np.testing.assert_allclose(sharded[key], replicated[key], atol=1e-5, err_msg=key)
 
 
 def _snapshot_lists(run_dir: Path, checkpoint: str) -> bool:
