@@ -43,6 +43,44 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + _rotate_half(x) * sin
 
 
+# Flash attention on CPU that also returns the log-sum-exp of each query row (the public SDPA
+# does not), which lets two attention calls over disjoint key sets be merged exactly.
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _attend_shared_prefix(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    own_bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """softmax over [prefix ; own keys] without copying the prefix keys/values per candidate.
+
+    ``q`` ``[B, H, D, d]``; ``k``, ``v`` ``[B, KV, D, d]``; ``prefix_k/v`` ``[1, KV, P, d]``
+    (one prefix, every position real); ``own_bias`` ``[B, 1, H/KV * D, D]`` additive mask.
+    Query heads sharing a key head are folded into the query length, and for the prefix all
+    candidates' queries form one long block against the single prefix, so each prefix key is
+    read once per batch instead of once per candidate. The two partial softmaxes are merged
+    with their log-sum-exps: ``out = w * out_prefix + (1 - w) * out_own``,
+    ``w = sigmoid(lse_prefix - lse_own)``.
+    """
+    batch, heads, length, dim = q.shape
+    kv_heads = k.shape[1]
+    folded = q.reshape(batch, kv_heads, heads // kv_heads * length, dim)
+    rows = folded.shape[2]
+    shared_q = folded.transpose(0, 1).reshape(1, kv_heads, batch * rows, dim)
+    out_p, lse_p = _CPU_FLASH(shared_q, prefix_k, prefix_v, scale=scale)
+    out_p = out_p.reshape(kv_heads, batch, rows, dim).transpose(0, 1)
+    lse_p = lse_p.reshape(kv_heads, batch, rows).transpose(0, 1)
+    out_o, lse_o = _CPU_FLASH(folded, k, v, attn_mask=own_bias, scale=scale)
+    weight = torch.sigmoid(lse_p - lse_o.reshape(batch, kv_heads, rows)).unsqueeze(-1)
+    out = torch.lerp(out_o.reshape(batch, kv_heads, rows, dim), out_p, weight)
+    return out.reshape(batch, heads, length, dim)
+
+
 @dataclass
 class PrefixState:
     """Keys/values of one batch of prefixes: per layer ``[G, kv_heads, P, head_dim]``."""
@@ -51,6 +89,22 @@ class PrefixState:
     values: list[torch.Tensor]
     mask: torch.Tensor  # [G, P] bool, True for real prefix tokens
     lengths: torch.Tensor  # [G]
+
+
+@dataclass
+class _SplitMask:
+    """Candidates' own causal/length mask as an additive bias, query heads folded per key head."""
+
+    own_bias: torch.Tensor  # [B, 1, H/KV * D, D]
+
+    @classmethod
+    def build(cls, own: torch.Tensor, config, dtype: torch.dtype) -> _SplitMask:
+        group = config.num_attention_heads // config.num_key_value_heads
+        batch, length, _ = own.shape
+        bias = torch.zeros(own.shape, dtype=dtype, device=own.device)
+        bias.masked_fill_(~own, float("-inf"))
+        folded = bias[:, None].expand(batch, group, length, length)
+        return cls(folded.reshape(batch, 1, group * length, length))
 
 
 class PrefixSharedYesNo(nn.Module):
@@ -82,7 +136,7 @@ class PrefixSharedYesNo(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | _SplitMask,
         past: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn = layer.self_attn
@@ -96,18 +150,22 @@ class PrefixSharedYesNo(nn.Module):
         q = _rope(q.transpose(1, 2), cos, sin)
         k = _rope(k.transpose(1, 2), cos, sin)
         v = attn.v_proj(h).view(shape).transpose(1, 2)
-        keys, values = k, v
-        if past is not None:
-            past_k, past_v, rows = past
-            if rows is None:
-                past_k = past_k.expand(batch, -1, -1, -1)
-                past_v = past_v.expand(batch, -1, -1, -1)
-            else:
-                past_k, past_v = past_k[rows], past_v[rows]
-            keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
-        )
+        if isinstance(mask, _SplitMask):
+            past_k, past_v, _ = past
+            out = _attend_shared_prefix(q, k, v, past_k, past_v, mask.own_bias, attn.scaling)
+        else:
+            keys, values = k, v
+            if past is not None:
+                past_k, past_v, rows = past
+                if rows is None:
+                    past_k = past_k.expand(batch, -1, -1, -1)
+                    past_v = past_v.expand(batch, -1, -1, -1)
+                else:
+                    past_k, past_v = past_k[rows], past_v[rows]
+                keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
+            )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x, k, v
@@ -117,6 +175,20 @@ class PrefixSharedYesNo(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self._decoder.rotary_emb(x, positions)
         return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    @staticmethod
+    def _can_split(x: torch.Tensor, prefix: PrefixState, doc_group: torch.Tensor | None) -> bool:
+        """Split attention for CPU inference on one unpadded prefix at least as long as the
+        candidates (there it beats copying the prefix per candidate: M3 15% faster on CPU; a
+        short M0 prefix is cheaper to copy than to merge). Everything else concatenates."""
+        return (
+            _CPU_FLASH is not None
+            and x.device.type == "cpu"
+            and doc_group is None
+            and not torch.is_grad_enabled()
+            and prefix.mask.shape[1] >= x.shape[1]
+            and bool(prefix.mask.all())
+        )
 
     def encode_prefixes(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> PrefixState:
         """Run right-padded prefixes ``[G, P]`` once; keep every layer's keys and values."""
@@ -160,8 +232,11 @@ class PrefixSharedYesNo(nn.Module):
         own = (steps[None, :] <= steps[:, None])[None] & (
             steps[None, None, :] < doc_lengths[:, None, None]
         )
-        shared = prefix.mask[group][:, None, :].expand(-1, length, -1)
-        mask = torch.cat([shared, own], dim=2)[:, None]
+        if self._can_split(x, prefix, doc_group):
+            mask = _SplitMask.build(own, self.lm.config, x.dtype)
+        else:
+            shared = prefix.mask[group][:, None, :].expand(-1, length, -1)
+            mask = torch.cat([shared, own], dim=2)[:, None]
         for i, layer in enumerate(self._decoder.layers):
             past = (prefix.keys[i], prefix.values[i], doc_group)
             x, _, _ = self._layer(layer, x, cos, sin, mask, past)

@@ -1,0 +1,72 @@
+"""The speed levers kept in the core give the scores of the plain path they replace."""
+
+import numpy as np
+import pytest
+import torch
+
+from acare_ray import causal_lm
+from acare_ray.context import AgentContext, Mode
+
+CONTEXT = AgentContext(
+    "capital population",
+    question="What is the population of the capital of the country where Anna Berg was born? " * 3,
+    reasoning="Anna Berg was born in Velmoria, so I need its capital and that city's population. "
+    * 4,
+)
+DOCUMENTS = [
+    "Ostrava is the capital of Velmoria.",
+    "Paris is the capital of France and has about two million inhabitants in the city proper.",
+    "short",
+    "Population statistics for capitals in Europe vary widely. " * 5,
+]
+
+
+def _batch(tiny_scorer, documents):
+    encoder = tiny_scorer.backend.encoder
+    prefix = torch.tensor([encoder.prefix_ids(CONTEXT, Mode.M3)])
+    seqs = [
+        d + encoder.suffix_ids for d in encoder.document_ids(documents, [4096] * len(documents))
+    ]
+    ids, lengths = causal_lm.pad_right(seqs)
+    return prefix, ids, lengths
+
+
+def test_split_prefix_attention_equals_concatenation(tiny_scorer, monkeypatch):
+    module = tiny_scorer.backend.module
+    prefix, ids, lengths = _batch(tiny_scorer, DOCUMENTS)
+    assert prefix.shape[1] >= ids.shape[1], "the fixture must take the split path"
+    taken = []
+    split = causal_lm._attend_shared_prefix
+
+    def spy(*args, **kwargs):
+        taken.append(True)
+        return split(*args, **kwargs)
+
+    monkeypatch.setattr(causal_lm, "_attend_shared_prefix", spy)
+    with torch.inference_mode():
+        state = module.encode_prefixes(prefix, torch.ones_like(prefix, dtype=torch.bool))
+        fast = module.score_documents(state, ids, lengths)
+    assert taken
+    monkeypatch.setattr(causal_lm, "_CPU_FLASH", None)
+    with torch.inference_mode():
+        plain = module.score_documents(state, ids, lengths)
+    np.testing.assert_allclose(fast.numpy(), plain.numpy(), atol=1e-5, rtol=0)
+    assert np.ptp(plain.numpy()) > 0.01
+
+
+@pytest.mark.parametrize("budget", [1, 100, 100_000])
+def test_split_path_equals_the_full_forward_of_each_prompt(tiny_qwen3_dir, budget):
+    from transformers import AutoTokenizer
+
+    from acare_ray.scorer import Scorer
+
+    scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), max_batch_tokens=budget)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
+    model, encoder = scorer.backend.module.lm, scorer.backend.encoder
+    expected = []
+    with torch.inference_mode():
+        for doc in DOCUMENTS:
+            ids = tokenizer(scorer.render(CONTEXT, doc, Mode.M3), return_tensors="pt")
+            logits = model(**ids).logits[0, -1]
+            expected.append(float(logits[encoder.yes_id] - logits[encoder.no_id]))
+    np.testing.assert_allclose(scorer.score(CONTEXT, DOCUMENTS, Mode.M3), expected, atol=1e-4)
