@@ -1,0 +1,94 @@
+"""`acare train` flags -> TrainConfig, the jobs/train.yaml entrypoint, config validation."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from acare_ray.cli import build_parser
+from acare_ray.training.cli import config_from_args
+from acare_ray.training.config import TrainConfig
+
+JOB = Path(__file__).resolve().parents[2] / "jobs" / "train.yaml"
+
+
+def _config(argv: list[str]) -> TrainConfig:
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_flags_become_the_config():
+    flags = (
+        "--data g.parquet --model m --output out --name run1 --workers 4 --gpus-per-worker 1 "
+        "--epochs 2 --lr 3e-5 --temperature 0.3 --group-size 4 --batch-groups 2 --grad-accum 8 "
+        "--eval-modes m0,M3 --no-eval-at-start --max-grad-norm 0 --strategy fsdp"
+    )
+    config = _config(shlex.split(flags))
+    assert config == TrainConfig(
+        data="g.parquet",
+        model="m",
+        output="out",
+        name="run1",
+        workers=4,
+        gpus_per_worker=1.0,
+        epochs=2,
+        lr=3e-5,
+        temperature=0.3,
+        group_size=4,
+        batch_groups=2,
+        grad_accum=8,
+        eval_modes=("M0", "M3"),
+        eval_at_start=False,
+        max_grad_norm=None,
+        strategy="fsdp",
+    )
+    assert config.use_gpu and config.global_batch_groups == 64
+
+
+def test_defaults_follow_the_design():
+    config = _config(["--data", "g.parquet"])
+    assert (config.temperature, config.group_size) == (0.5, 8)
+    assert (config.p_question, config.p_reasoning) == (0.5, 0.5)
+    assert config.eval_modes == ("M0", "M1", "M2", "M3") and not config.use_gpu
+
+
+def test_job_spec_is_a_runtime_env_whose_entrypoint_parses():
+    from ray.runtime_env import RuntimeEnv
+
+    RuntimeEnv(**yaml.safe_load(JOB.read_text()))
+    lines = [line[1:].strip() for line in JOB.read_text().splitlines() if line.startswith("#")]
+    (command,) = [shlex.split(line) for line in lines if line.startswith("ray job submit")]
+    assert command[command.index("--runtime-env") + 1] == "jobs/train.yaml"
+    entrypoint = command[command.index("--") + 1 :]
+    assert entrypoint[:2] == ["acare", "train"]
+    config = _config(entrypoint[2:])
+    assert config.workers == 8 and config.use_gpu and config.strategy == "fsdp"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("workers", 0, "workers must be an integer >= 1, got 0"),
+        ("group_size", 1, "group_size must be >= 2"),
+        ("temperature", 0.0, "temperature must be > 0"),
+        ("strategy", "zero", "strategy must be one of"),
+        ("eval_modes", ("M5",), "eval_modes: 'M5' is not one of"),
+        ("p_question", 1.5, "p_question must be in"),
+        ("name", "a/b", "name must be a non-empty folder name"),
+    ],
+)
+def test_bad_setting_is_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(data="g.parquet", **{field: value})
+
+
+def test_resume_mismatches_name_the_settings_that_change_the_data_order():
+    saved = TrainConfig(data="g.parquet", seed=0, lr=1e-5).to_dict()
+    assert TrainConfig(data="g.parquet", seed=0, lr=5e-5).resume_mismatches(saved) == []
+    assert TrainConfig(data="g.parquet", seed=1, batch_groups=4).resume_mismatches(saved) == [
+        "batch_groups: saved 8, now 4",
+        "seed: saved 0, now 1",
+    ]
+    assert TrainConfig.from_dict(saved) == TrainConfig(data="g.parquet", seed=0, lr=1e-5)
