@@ -29,15 +29,8 @@ import torch
 from torch import nn
 
 from acare_ray.context import FieldDropout
-from acare_ray.schema import Group
 from acare_ray.training import checkpoint as ckpt
-from acare_ray.training.collator import (
-    GroupCollator,
-    epoch_order,
-    parse_groups,
-    read_groups,
-    split_by_session,
-)
+from acare_ray.training.collator import GroupCollator
 from acare_ray.training.config import TrainConfig
 from acare_ray.training.loop import (
     build_optimizer,
@@ -46,53 +39,10 @@ from acare_ray.training.loop import (
     warmup_linear,
     warmup_steps,
 )
+from acare_ray.training.plan import load_splits, step_groups, steps_per_epoch, total_steps
 from acare_ray.training.validation import validate
 
 log = logging.getLogger("acare_ray.training")
-
-
-def load_splits(config: TrainConfig) -> tuple[list[Group], list[Group]]:
-    """(train, validation) groups: ``val_data`` if given, else a session split of ``data``."""
-    groups = parse_groups(read_groups(config.data), config.group_size)
-    if config.val_data:
-        train = groups
-        val = parse_groups(read_groups(config.val_data), config.group_size)
-        overlap = {g.session_id for g in train} & {g.session_id for g in val}
-        if overlap:
-            raise ValueError(
-                f"val_data shares {len(overlap)} session_id(s) with data, e.g. {sorted(overlap)[0]}"
-            )
-    else:
-        train, val = split_by_session(groups, config.val_fraction, config.seed)
-    if config.val_max_groups is not None and len(val) > config.val_max_groups:
-        keep = np.sort(np.random.default_rng([config.seed, 2]).permutation(len(val)))
-        val = [val[i] for i in keep[: config.val_max_groups]]
-    return train, val
-
-
-def steps_per_epoch(n_train: int, config: TrainConfig) -> int:
-    steps = n_train // config.global_batch_groups
-    if steps < 1:
-        raise ValueError(
-            f"{n_train} training groups are fewer than one global batch "
-            f"(batch_groups {config.batch_groups} x grad_accum {config.grad_accum} x "
-            f"workers {config.workers} = {config.global_batch_groups})"
-        )
-    return steps
-
-
-def total_steps(n_train: int, config: TrainConfig) -> int:
-    return config.max_steps or config.epochs * steps_per_epoch(n_train, config)
-
-
-def step_groups(n_train: int, config: TrainConfig, step: int, rank: int) -> list[np.ndarray]:
-    """Indices of the training groups ``rank`` uses at ``step``, one array per micro-batch."""
-    per_epoch = steps_per_epoch(n_train, config)
-    epoch, index = divmod(step, per_epoch)
-    size = config.global_batch_groups
-    chunk = epoch_order(n_train, config.seed, epoch)[index * size : (index + 1) * size]
-    mine = chunk.reshape(config.workers, config.grad_accum, config.batch_groups)[rank]
-    return list(mine)
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -105,7 +55,10 @@ def _wrap(module: nn.Module, config: TrainConfig, world_size: int) -> nn.Module:
     if config.strategy == "fsdp" and world_size > 1:
         from torch.distributed.fsdp import fully_shard
 
-        module.to(get_device())
+        device = get_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        module.to(device)
         # Root-level sharding: PrefixSharedYesNo calls decoder-layer internals directly, so the
         # whole parameter set is gathered for one forward; gradients and optimizer state stay
         # sharded.
