@@ -77,6 +77,7 @@ def _attend_shared_prefix(
     lse_p = lse_p.reshape(kv_heads, batch, rows).transpose(0, 1)
     out_o, lse_o = _CPU_FLASH(folded, k, v, attn_mask=own_bias, scale=scale)
     weight = torch.sigmoid(lse_p - lse_o.reshape(batch, kv_heads, rows)).unsqueeze(-1)
+    weight = weight.to(out_p.dtype)  # the log-sum-exps are float32 also for bfloat16 inputs
     out = torch.lerp(out_o.reshape(batch, kv_heads, rows, dim), out_p, weight)
     return out.reshape(batch, heads, length, dim)
 
