@@ -31,6 +31,7 @@ from acare_ray.schema import SEARCHES
 
 log = logging.getLogger(__name__)
 
+BATCHES_PER_BLOCK = 4
 WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -217,7 +218,8 @@ def _write(
     actor_kwargs: dict[str, Any],
     pool: ActorPool,
 ) -> None:
-    """read -> skip written -> actor pool -> write, streaming into ``state``'s folder."""
+    """read -> skip written -> blocks of ``BATCHES_PER_BLOCK`` batches -> actor pool -> write,
+    streaming into ``state``'s folder."""
     import ray
     from ray.data.datasource import FilenameProvider
 
@@ -227,6 +229,9 @@ def _write(
         ds = ds.map_batches(
             skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"
         )
+    # A Parquet row group is read as one block and one block is one actor task; cut blocks
+    # to a few batches so every actor of the pool gets work and output is written as it goes.
+    ds = ds.repartition(target_num_rows_per_block=pool.batch_size * BATCHES_PER_BLOCK)
     ds = ds.map_batches(
         actor,
         fn_constructor_kwargs={**actor_kwargs, "cpus": pool.cpus_per_actor},

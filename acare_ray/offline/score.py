@@ -27,8 +27,6 @@ RELABEL_OUTPUT = (
 or why no group came out: ``invalid``, ``failed_trajectory``, ``too_few_candidates``,
 ``scoring_failed``) and ``error`` (null when ``ok``). Only ``ok`` rows are training groups."""
 
-STATUSES = ("ok", "invalid", "failed_trajectory", "too_few_candidates", "scoring_failed")
-
 LABELER_INSTRUCTION = (
     "Given a search query issued during a research session, the original question, its gold "
     "answer and the documents that support that answer, judge whether the passage helps answer "
@@ -62,13 +60,13 @@ def score_isolated(
         return []
     try:
         return list(scorer.score_many(items, mode))
-    except Exception:  # noqa: BLE001 - isolate below; every item still gets a result
+    except Exception:  # isolated below: every item still gets a result
         pass
     out: list[np.ndarray | Exception] = []
     for item in items:
         try:
             out.append(scorer.score_many([item], mode)[0])
-        except Exception as err:  # noqa: BLE001 - recorded in the row's error
+        except Exception as err:  # recorded in the row's error
             out.append(err)
     return out
 
