@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from acare_ray.scorer import Scorer
     from acare_ray.training import TrainConfig, run
+    from acare_ray.training.trainer import start_local_ray
 
     started = time.perf_counter()
     work = Path(args.work_dir)
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         log_every=10,
         max_length=args.max_length,
     )
-    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=True)
+    start_local_ray(num_cpus=args.workers, include_dashboard=False, log_to_driver=True)
     train_started = time.perf_counter()
     checkpoint = run(config)
     train_seconds = time.perf_counter() - train_started

@@ -17,6 +17,7 @@ groups the interrupted run would have.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -282,11 +283,44 @@ def run(config: TrainConfig) -> Path:
     )
     Path(config.output).expanduser().mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
-        ray.init(address=config.ray_address, log_to_driver=True)
+        if config.ray_address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=config.ray_address, log_to_driver=True)
+        else:
+            start_local_ray()
     result = build_trainer(config).fit()
     if result.checkpoint is None:
         raise RuntimeError(f"run {config.name!r} finished without a checkpoint")
     return Path(result.checkpoint.path)
+
+
+def start_local_ray(num_cpus: int | None = None, **init_kwargs: Any) -> str:
+    """Start a local Ray instance that knows its own address; returns that address.
+
+    Ray Train V2 launches a detached placement-group cleaner that finds "its" cluster's state
+    API by auto-detection. On a host running several Ray instances it can find another one,
+    not see the run's controller there, and remove the placement group of a live run (its
+    workers die with "placement group was removed"). Pinning the GCS port and passing the
+    address to every process of the job in ``RAY_ADDRESS`` makes that lookup unambiguous.
+    """
+    import socket
+
+    import ray
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    address = f"{ray.util.get_node_ip_address()}:{port}"
+    runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "RAY_ADDRESS": address}
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
+    try:
+        ray.init(num_cpus=num_cpus, runtime_env=runtime_env, **init_kwargs)
+    finally:
+        del os.environ["RAY_GCS_SERVER_PORT"]
+    actual = ray.get_runtime_context().gcs_address
+    if actual != address:
+        log.warning("Ray started at %s, not the pinned %s", actual, address)
+    return actual
 
 
 def build_trainer(
