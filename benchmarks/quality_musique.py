@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         log_every=10,
         max_length=args.max_length,
     )
-    start_local_ray(num_cpus=args.workers, include_dashboard=False, log_to_driver=True)
+    start_local_ray(num_cpus=args.workers, log_to_driver=True)
     train_started = time.perf_counter()
     checkpoint = run(config)
     train_seconds = time.perf_counter() - train_started

@@ -294,24 +294,24 @@ def run(config: TrainConfig) -> Path:
 
 
 def start_local_ray(num_cpus: int | None = None, **init_kwargs: Any) -> str:
-    """Start a local Ray instance that knows its own address; returns that address.
+    """Start a local Ray instance (with its own dashboard) that knows its own address.
 
-    Ray Train V2 launches a detached placement-group cleaner that finds "its" cluster's state
-    API by auto-detection. On a host running several Ray instances it can find another one,
-    not see the run's controller there, and remove the placement group of a live run (its
-    workers die with "placement group was removed"). Pinning the GCS port and passing the
-    address to every process of the job in ``RAY_ADDRESS`` makes that lookup unambiguous.
+    Ray Train V2 launches a detached placement-group cleaner that asks the state API (served
+    by the dashboard) whether the run's controller is alive. A cluster without a dashboard
+    still advertises the default ``127.0.0.1:8265``, and auto-detection may pick another
+    cluster; on a host running several Ray instances the cleaner then asks another cluster,
+    does not find the controller, and removes the placement group of a live run (its workers
+    die with "placement group was removed"). So: a dashboard on a free port, a pinned GCS port,
+    and the address in every job process's ``RAY_ADDRESS``. Returns the GCS address.
     """
-    import socket
-
     import ray
 
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        port = probe.getsockname()[1]
+    port, dashboard_port = _free_port(), _free_port()
     address = f"{ray.util.get_node_ip_address()}:{port}"
     runtime_env = dict(init_kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), "RAY_ADDRESS": address}
+    init_kwargs.setdefault("include_dashboard", True)
+    init_kwargs.setdefault("dashboard_port", dashboard_port)
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
     try:
         ray.init(num_cpus=num_cpus, runtime_env=runtime_env, **init_kwargs)
@@ -321,6 +321,14 @@ def start_local_ray(num_cpus: int | None = None, **init_kwargs: Any) -> str:
     if actual != address:
         log.warning("Ray started at %s, not the pinned %s", actual, address)
     return actual
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
 
 
 def build_trainer(
