@@ -224,3 +224,27 @@ def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir
 def test_relaunch_of_a_finished_run_returns_its_final_checkpoint(reference):
     config, result = reference
     assert run(config) == Path(result.checkpoint.path)
+
+
+def test_local_ray_started_for_a_run_tells_its_processes_its_own_address():
+    # A separate interpreter: this module's cluster stays up.
+    script = (
+        "import ray\n"
+        "from acare_ray.training.trainer import start_local_ray\n"
+        "address = start_local_ray(num_cpus=1)\n"
+        "@ray.remote\n"
+        "def lookup():\n"
+        "    import os\n"
+        "    from ray.dashboard.utils import get_address_for_submission_client\n"
+        "    return os.environ['RAY_ADDRESS'], get_address_for_submission_client(None)\n"
+        "seen, api = ray.get(lookup.remote())\n"
+        "own = ray.get_runtime_context().gcs_address\n"
+        "assert seen == address == own, (seen, address, own)\n"
+        "assert api == 'http://' + ray._private.worker.global_worker.node.address_info['webui_url'], api\n"
+        "ray.shutdown()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
