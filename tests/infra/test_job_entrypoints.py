@@ -25,11 +25,15 @@ CLI_PREFIXES = (["acare"], ["python", "-m", "acare_ray.cli"], ["python3", "-m", 
 JOB_SPECS = {name: REPO / "jobs" / f"{name}.yaml" for name in JOB_COMMANDS}
 RAYJOBS = {name: KUBERAY / f"rayjob-{name}.yaml" for name in JOB_COMMANDS}
 CLUSTER_DOC = REPO / "docs" / "cluster.md"
+README = REPO / "README.md"
 
 
 def documented_shell_lines() -> list[str]:
-    """The lines of docs/cluster.md's bash blocks, continuations joined, comments cut."""
-    text = CLUSTER_DOC.read_text(encoding="utf-8") if CLUSTER_DOC.is_file() else ""
+    """The lines of the bash blocks of docs/cluster.md and the README, continuations joined,
+    comments cut."""
+    text = "\n".join(
+        doc.read_text(encoding="utf-8") for doc in (CLUSTER_DOC, README) if doc.is_file()
+    )
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
