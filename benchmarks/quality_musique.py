@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-groups", type=int, default=4, help="per worker")
     parser.add_argument("--max-length", type=int, default=320)
+    parser.add_argument("--checkpoint-every", type=int, default=25)
+    parser.add_argument(
+        "--max-failures", type=int, default=3, help="restarts from the last checkpoint"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads for evaluation")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "quality_musique"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -209,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         temperature=args.temperature,
         seed=args.seed,
-        checkpoint_every=10**9,
+        checkpoint_every=args.checkpoint_every,
         keep_checkpoints=1,
+        max_failures=args.max_failures,
         log_every=10,
         max_length=args.max_length,
     )

@@ -59,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--seed", type=int, default=d["seed"])
     add("--checkpoint-every", type=int, default=d["checkpoint_every"], help="steps")
     add("--keep-checkpoints", type=int, default=d["keep_checkpoints"])
+    add(
+        "--max-failures",
+        type=int,
+        default=d["max_failures"],
+        help="worker-group restarts from the last checkpoint (-1: unlimited)",
+    )
     add("--log-every", type=int, default=d["log_every"])
     add("--backend", choices=("auto", "causal_lm", "cross_encoder"), default=d["backend"])
     add("--max-length", type=int, default=d["max_length"], help="prompt token limit")

@@ -76,6 +76,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
+    max_failures: int = 0
     log_every: int = 10
     backend: str = "auto"
     max_length: int | None = None
@@ -95,6 +96,8 @@ class TrainConfig:
             raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.max_failures < -1:
+            raise ValueError(f"max_failures must be >= -1 (-1: unlimited), got {self.max_failures}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if not 0 <= self.val_fraction < 1:

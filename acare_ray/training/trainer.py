@@ -335,7 +335,7 @@ def build_trainer(
     config: TrainConfig, train_fn: Callable[[dict[str, Any]], Any] = train_loop_per_worker
 ) -> Any:
     """The ``TorchTrainer`` of a run (``run`` fits it; tests may pass their own ``train_fn``)."""
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     resources: dict[str, float] = {"CPU": config.cpus_per_worker}
@@ -353,5 +353,6 @@ def build_trainer(
             name=config.name,
             storage_path=str(Path(config.output).expanduser().resolve()),
             checkpoint_config=CheckpointConfig(num_to_keep=config.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=config.max_failures),
         ),
     )
