@@ -123,6 +123,22 @@ class PrefixSharedYesNo(nn.Module):
             raise ValueError("sliding-window attention is not supported by the causal backend")
         self.lm = causal_lm
         self.register_buffer("yes_no_ids", torch.tensor([yes_id, no_id]), persistent=False)
+        self._compiled_layer: Callable | None = None
+
+    def compile_layers(self, **options) -> None:
+        """Run every decoder-layer step through ``torch.compile`` (dynamic shapes) from now on.
+
+        Fuses the element-wise work around the matrix products (norms, rotary, SiLU), which is
+        a quarter of the time on CPU in float32 and most of it in bfloat16. The first calls pay
+        the compilation (about a minute on 2 CPU cores); one graph serves every layer. Scores
+        stay equal within float rounding. ``options`` go to ``torch.compile``.
+        """
+        self._compiled_layer = torch.compile(type(self)._layer, dynamic=True, **options)
+
+    def _step(self, *args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._compiled_layer is not None:
+            return self._compiled_layer(self, *args)
+        return self._layer(*args)
 
     @property
     def _decoder(self) -> nn.Module:
@@ -201,7 +217,7 @@ class PrefixSharedYesNo(nn.Module):
         mask = (causal[None] & prefix_mask[:, None, :])[:, None]
         keys, values = [], []
         for layer in self._decoder.layers:
-            x, k, v = self._layer(layer, x, cos, sin, mask, None)
+            x, k, v = self._step(layer, x, cos, sin, mask, None)
             keys.append(k)
             values.append(v)
         return PrefixState(keys, values, prefix_mask, prefix_mask.sum(dim=1))
@@ -240,7 +256,7 @@ class PrefixSharedYesNo(nn.Module):
             mask = torch.cat([shared, own], dim=2)[:, None]
         for i, layer in enumerate(self._decoder.layers):
             past = (prefix.keys[i], prefix.values[i], doc_group)
-            x, _, _ = self._layer(layer, x, cos, sin, mask, past)
+            x, _, _ = self._step(layer, x, cos, sin, mask, past)
         last = x[torch.arange(rows, device=x.device), doc_lengths - 1]
         last = self._decoder.norm(last)
         logits = last.float() @ self._head_rows().float().T

