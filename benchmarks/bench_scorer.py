@@ -64,12 +64,14 @@ class BenchConfig:
     out: str = str(RESULTS)
 
     shrink: bool = False
+    compile: bool = False
 
     @property
     def label(self) -> str:
         layers = "" if self.layers is None else f"-L{self.layers}"
         shape = f"{self.config}{'-shrunk' if self.shrink else ''}{layers}"
-        return f"{self.name or self.device}-{shape}-{self.dtype}-{self.workload}"
+        compiled = "-compiled" if self.compile else ""
+        return f"{self.name or self.device}-{shape}-{self.dtype}{compiled}-{self.workload}"
 
 
 def build_model(cfg: BenchConfig, folder: Path) -> Path:
@@ -108,6 +110,7 @@ def run_ours(scorer: Scorer, search: Search, mode: Mode, device: torch.device) -
         "scores": scores,
         "pairs": len(scores),
         "seconds": measured.seconds,
+        "cpu_seconds": measured.cpu_seconds,
         "peak_mb": measured.peak_mb,
         "tokenize_s": stats.tokenize_s - before[2],
         "real_tokens": stats.real_tokens - before[0],
@@ -122,6 +125,7 @@ def run_recipe(recipe: OfficialRecipe, pairs: list[str], device: torch.device) -
         "scores": scores,
         "pairs": len(scores),
         "seconds": measured.seconds,
+        "cpu_seconds": measured.cpu_seconds,
         "peak_mb": measured.peak_mb,
         "tokenize_s": recipe.stats.tokenize_s,
         "real_tokens": recipe.stats.real_tokens,
@@ -155,7 +159,11 @@ def load(cfg: BenchConfig, device: torch.device):
     with tempfile.TemporaryDirectory(prefix="acare-bench-") as folder:
         path = build_model(cfg, Path(folder) / "model")
         scorer = Scorer.from_pretrained(
-            str(path), device=device, dtype=cfg.dtype, max_batch_tokens=cfg.max_batch_tokens
+            str(path),
+            device=device,
+            dtype=cfg.dtype,
+            max_batch_tokens=cfg.max_batch_tokens,
+            compile=cfg.compile,
         )
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     return scorer, tokenizer
@@ -170,10 +178,14 @@ def workload(cfg: BenchConfig, scorer: Scorer) -> list[Search]:
     )
 
 
-def warm_up(scorer, recipes, searches, modes, device) -> None:
-    """First calls pay for allocator growth and kernel selection; keep that out of the timings."""
+def warm_up(scorer, recipes, searches, modes, device, full: bool) -> None:
+    """First calls pay for allocator growth, kernel selection and (``full``) compilation of
+    every graph a search needs; keep that out of the timings."""
+    first = searches[0]
     for mode in modes:
-        scorer.score(searches[0].context, searches[0].documents[:8], mode)
+        scorer.score(first.context, first.documents[: len(first.documents) if full else 8], mode)
+        if full:
+            scorer.score(first.context, first.documents[:1], mode)
         for recipe in recipes:
             run_recipe(recipe, pair_bodies(scorer, searches[0], mode, [0, 1]), device)
 
@@ -194,7 +206,10 @@ def run(cfg: BenchConfig) -> dict:
     report = {"label": cfg.label, "config": asdict(cfg), "environment": environment()}
     report |= {"setup_s": setup_s, "non_embedding_params": params}
     report["workload"] = workload_info(cfg, scorer, searches)
-    warm_up(scorer, [strong, official] if cfg.official_pairs else [strong], searches, modes, device)
+    recipes = [strong, official] if cfg.official_pairs else [strong]
+    began = time.perf_counter()
+    warm_up(scorer, recipes, searches, modes, device, full=cfg.compile)
+    report["warm_up_s"] = time.perf_counter() - began
     runs = {m: {"ours": [], "strong": [], "official": []} for m in modes}
     for r, search in enumerate(searches):
         sample = list(range(0, len(search.documents), cfg.baseline_stride))
@@ -262,6 +277,7 @@ def parse_args(argv: list[str] | None = None) -> list[BenchConfig]:
         help="folders under shared/models/configs, or tiny; several run one after another",
     )
     p.add_argument("--shrink", action="store_true", help="the configs with the test model's width")
+    p.add_argument("--compile", action="store_true", help="ours with Scorer(compile=True)")
     p.add_argument("--layers", type=int, default=d.layers, help="0: all of the config's layers")
     p.add_argument("--device", default=d.device)
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16"])

@@ -14,7 +14,8 @@ H100_H200_BF16_DENSE_FLOPS = 989e12
 
 @dataclass
 class Measured:
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # this process's CPU time, all threads: robust to other processes' load
     peak_mb: float
 
 
@@ -48,7 +49,7 @@ class _RssSampler:
 
 
 def measure(fn, device: torch.device):
-    """Run ``fn()``; return its result and :class:`Measured` (wall seconds, peak MB above start).
+    """Run ``fn()``; return its result and :class:`Measured` (wall and CPU seconds, peak MB).
 
     CUDA: peak allocated device memory above what was allocated before. CPU: peak resident set
     size of the process above its size before (sampled, so very short spikes can be missed).
@@ -57,17 +58,17 @@ def measure(fn, device: torch.device):
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         result = fn()
         torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - began
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
         peak = torch.cuda.max_memory_allocated(device) - before
-        return result, Measured(seconds, peak / 2**20)
+        return result, Measured(seconds, cpu, peak / 2**20)
     with _RssSampler() as rss:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         result = fn()
-        seconds = time.perf_counter() - began
-    return result, Measured(seconds, (rss.peak - rss.start) / 2**20)
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return result, Measured(seconds, cpu, (rss.peak - rss.start) / 2**20)
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:
