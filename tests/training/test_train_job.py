@@ -213,6 +213,45 @@ def test_killed_run_relaunched_resumes_at_its_checkpoint(reference, task, tiny_q
     assert saved["name"] == "killed"
 
 
+def _crash_rank1_after_first_checkpoint(marker: str):
+    def train_fn(loop_config: dict) -> list:
+        worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
+        save = worker.save_and_report
+
+        def save_then_crash(metrics: dict) -> None:
+            save(metrics)
+            if worker.rank == 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("injected worker failure")
+
+        worker.save_and_report = save_then_crash
+        return worker.fit()
+
+    return train_fn
+
+
+def test_failed_worker_group_restarts_from_the_last_checkpoint(
+    reference, task, tiny_qwen3_dir, tmp_path
+):
+    _, ref_result = reference
+    config = TrainConfig.from_dict(
+        {
+            **_config(task, tiny_qwen3_dir, tmp_path / "runs", "restarted").to_dict(),
+            "max_failures": 1,
+        }
+    )
+    marker = tmp_path / "crashed"
+    result = build_trainer(config, train_fn=_crash_rank1_after_first_checkpoint(str(marker))).fit()
+    assert marker.exists()
+    final = Path(result.checkpoint.path)
+    info = read_training_info(final)
+    assert info["resumes"] == [4] and [h["step"] for h in info["history"]] == [0, 4, 8, 12]
+    resumed = load_file(final / "model.safetensors")
+    uninterrupted = load_file(Path(ref_result.checkpoint.path) / "model.safetensors")
+    for key in resumed:
+        np.testing.assert_allclose(resumed[key], uninterrupted[key], atol=1e-6, err_msg=key)
+
+
 def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir):
     config, result = reference
     changed = _config(task, tiny_qwen3_dir, config.output, "reference")
