@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--temperature", type=float, default=0.5)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-groups", type=int, default=4, help="per worker")
+    parser.add_argument("--batch-groups", type=int, default=2, help="per worker micro-batch")
+    # 2 x 2 keeps a worker near 3 GB: CPU attention materialises [pairs, heads, L, L] per layer.
+    parser.add_argument("--grad-accum", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=320)
     parser.add_argument("--checkpoint-every", type=int, default=25)
     parser.add_argument(
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         cpus_per_worker=1,
         batch_groups=args.batch_groups,
+        grad_accum=args.grad_accum,
         epochs=args.epochs,
         max_steps=args.max_steps,
         lr=args.lr,
