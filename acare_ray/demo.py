@@ -27,7 +27,9 @@ class DemoConfig:
     model: str = DEFAULT_MODEL
     train_sessions: int = 120
     eval_sessions: int = 40
-    steps: int = 120
+    steps: int = 80
+    batch_groups: int = 4
+    max_length: int = 256
     lr: float = 1e-4
     modes: tuple[str, ...] = ("M0", "M2", "M3")
     baseline: bool = False
@@ -81,7 +83,11 @@ def run(config: DemoConfig) -> int:
         output=str(out / "runs"),
         name="demo",
         max_steps=config.steps,
+        batch_groups=config.batch_groups,
+        max_length=config.max_length,
         lr=config.lr,
+        eval_modes=("M0", "M3"),
+        val_max_groups=64,
         eval_at_start=False,
         seed=config.seed,
     )
