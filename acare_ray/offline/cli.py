@@ -26,7 +26,7 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
     pool.add_argument("--gpus-per-actor", type=float, default=0.0)
     pool.add_argument("--cpus-per-actor", type=float, default=1.0)
     pool.add_argument("--batch-size", type=int, default=32, help="searches per actor call")
-    pool.add_argument("--rows-per-file", type=int, default=10_000, help="least rows per part file")
+    pool.add_argument("--rows-per-file", type=int, default=2_000, help="least rows per part file")
     pool.add_argument("--max-batch-tokens", type=int, default=None, help="scorer token budget")
     pool.add_argument("--ray-address", default=None, help="default: RAY_ADDRESS or a local Ray")
 

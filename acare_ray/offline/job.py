@@ -48,7 +48,7 @@ class ActorPool:
     gpus_per_actor: float = 0.0
     cpus_per_actor: float = 1.0
     batch_size: int = 32
-    rows_per_file: int = 10_000
+    rows_per_file: int = 2_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_size <= self.max_size:
