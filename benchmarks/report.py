@@ -27,6 +27,7 @@ def summarise(runs: list[dict], params: int, peak_flops: float | None) -> dict:
         "pairs_per_s_by_round": [r["pairs"] / r["seconds"] for r in runs],
         "cpu_seconds": total["cpu_seconds"],
         "pairs_per_cpu_s": total["pairs"] / total["cpu_seconds"],
+        "pairs_per_cpu_s_by_round": [r["pairs"] / r["cpu_seconds"] for r in runs],
         "tokenize_s": total["tokenize_s"],
         "tokenize_share": total["tokenize_s"] / total["seconds"],
         "real_tokens": real,
@@ -75,37 +76,34 @@ def _target(value: float, threshold: float, at_least: bool) -> dict:
     return {"value": value, "threshold": threshold, "met": bool(met)}
 
 
-def targets(modes: dict, atol: float) -> dict:
+def targets(modes: dict, atol: float, basis: str) -> dict:
     """The issue's targets: 3x the strong baseline on M3, cost(M3)/cost(M0) <= 1.3, padding
-    efficiency >= 0.9, scores equal within ``atol``. The baseline's cost ratio is context."""
-    out = {}
+    efficiency >= 0.9, scores equal within ``atol``; the baseline's cost ratio is context.
+
+    ``basis``: ``"cpu"`` judges the ratios on this process's CPU seconds (on a shared CPU machine
+    wall time mostly measures the other processes), ``"wall"`` on wall time (GPU runs). Both
+    values are kept, with the per-round ratios on the chosen basis.
+    """
+    rate = "pairs_per_cpu_s" if basis == "cpu" else "pairs_per_s"
+
+    def ratio(name: str, a: dict, b: dict, threshold: float, at_least: bool) -> None:
+        values = {k: a[k] / b[k] for k in ("pairs_per_cpu_s", "pairs_per_s")}
+        out[name] = _target(values[rate], threshold, at_least) | {
+            "basis": basis,
+            "cpu_time": values["pairs_per_cpu_s"],
+            "wall": values["pairs_per_s"],
+            "by_round": [x / y for x, y in zip(a[f"{rate}_by_round"], b[f"{rate}_by_round"])],
+        }
+
+    out: dict = {}
     if "M3" in modes:
-        m3 = modes["M3"]
-        out["speedup_vs_strong_M3"] = _target(
-            m3["ours"]["pairs_per_s"] / m3["strong"]["pairs_per_s"], 3.0, at_least=True
-        )
-        rounds = [
-            a / b
-            for a, b in zip(
-                m3["ours"]["pairs_per_s_by_round"], m3["strong"]["pairs_per_s_by_round"]
-            )
-        ]
-        out["speedup_vs_strong_M3"]["by_round"] = rounds
-        out["speedup_vs_strong_M3"]["cpu_time"] = (
-            m3["ours"]["pairs_per_cpu_s"] / m3["strong"]["pairs_per_cpu_s"]
-        )
+        ratio("speedup_vs_strong_M3", modes["M3"]["ours"], modes["M3"]["strong"], 3.0, True)
     if {"M0", "M3"} <= modes.keys():
         for method in ("ours", "strong"):
+            # cost ratio = M0 rate / M3 rate
             m0, m3 = modes["M0"][method], modes["M3"][method]
-            out[f"cost_M3_over_M0_{method}"] = _target(
-                m3["seconds_per_pair"] / m0["seconds_per_pair"], 1.3, at_least=False
-            )
-            out[f"cost_M3_over_M0_{method}"]["by_round"] = [
-                b / a for a, b in zip(m3["pairs_per_s_by_round"], m0["pairs_per_s_by_round"])
-            ]
-            out[f"cost_M3_over_M0_{method}"]["cpu_time"] = (
-                m0["pairs_per_cpu_s"] / m3["pairs_per_cpu_s"]
-            )
+            ratio(f"cost_M3_over_M0_{method}", m0, m3, 1.3, False)
+        out["cost_M3_over_M0_strong"] |= {"threshold": None, "met": None}  # context only
     out["padding_efficiency_ours"] = _target(
         min(m["ours"]["padding_efficiency"] for m in modes.values()), 0.9, at_least=True
     )
@@ -171,20 +169,25 @@ def markdown(report: dict) -> str:
             f"{t['official_s_per_search'] * 1e3:.1f}; ours (prefix once, documents in one "
             f"batched call) {t['ours_s_per_search'] * 1e3:.1f}"
         )
+    basis = next((t["basis"] for t in report["targets"].values() if "basis" in t), "wall")
+    judged = "CPU seconds of this process" if basis == "cpu" else "wall time"
     lines += [
         "",
-        "Targets on wall-clock totals; the CPU-time column is the same ratio from this process's "
-        "CPU seconds, which other processes' load disturbs much less.",
+        f"Ratio targets are judged on {judged} (totals over rounds); both bases are shown.",
         "",
-        "| target | value | threshold | met | from CPU time | by round |",
-        "|---|---:|---:|---|---:|---|",
+        "| target | value | threshold | met | CPU time | wall | by round |",
+        "|---|---:|---:|---|---:|---:|---|",
     ]
     for name, t in report["targets"].items():
         by_round = ", ".join(f"{x:.3g}" for x in t.get("by_round", []))
-        cpu = f"{t['cpu_time']:.4g}" if "cpu_time" in t else ""
+        extra = [f"{t[k]:.4g}" if k in t else "" for k in ("cpu_time", "wall")]
+        if t["met"] is None:
+            threshold, met = "", "(context)"
+        else:
+            threshold, met = f"{t['threshold']:.4g}", "yes" if t["met"] else "NO"
         lines.append(
-            f"| {name} | {t['value']:.4g} | {t['threshold']:.4g} | "
-            f"{'yes' if t['met'] else 'NO'} | {cpu} | {by_round} |"
+            f"| {name} | {t['value']:.4g} | {threshold} | {met} | {' | '.join(extra)} | "
+            f"{by_round} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -199,3 +202,25 @@ def write(report: dict, out: Path) -> tuple[Path, Path]:
 
 def score_gap(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(np.asarray(a) - np.asarray(b)).max()) if len(a) else 0.0
+
+
+def rerender(path: Path) -> None:
+    """Recompute the targets of a saved JSON report and rewrite it and its markdown."""
+    report = json.loads(path.read_text())
+    cfg = report["config"]
+    for results in report["modes"].values():
+        for method in METHODS:
+            if method in results:
+                r = results[method]
+                r.setdefault("pairs_per_cpu_s_by_round", [])
+    basis = "wall" if cfg["device"].startswith("cuda") else "cpu"
+    atol = {"float32": 1e-3, "bfloat16": 0.25}.get(cfg["dtype"], 1e-3)
+    report["targets"] = targets(report["modes"], atol, basis)
+    write(report, path.parent)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name in sys.argv[1:]:
+        rerender(Path(name))

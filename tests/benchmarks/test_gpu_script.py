@@ -22,7 +22,7 @@ def reports(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1000,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = {}
