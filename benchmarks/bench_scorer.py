@@ -38,7 +38,9 @@ from acare_ray.scorer import Scorer
 from acare_ray.testing import TINY_QWEN3, build_random_qwen3, qwen3_tokenizer_dir, shared_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SCORE_ATOL = {"float32": 1e-3, "bfloat16": 0.25}
+# Score agreement with the recipe: absolute in float32; in bfloat16 (8 mantissa bits, another
+# summation order) relative to the spread of the scores.
+SCORE_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.05}
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ def build_model(cfg: BenchConfig, folder: Path) -> Path:
         vocab = len(AutoTokenizer.from_pretrained(qwen3_tokenizer_dir()))
         overrides["vocab_size"] = max(vocab, base_config_vocab(cfg.config))
     dtype = getattr(torch, cfg.dtype)
-    return build_random_qwen3(folder, base_config=base, dtype=dtype, **overrides)
+    # Initialising 4B random weights is minutes on CPU and seconds on the GPU.
+    with torch.device(cfg.device):
+        return build_random_qwen3(folder, base_config=base, dtype=dtype, **overrides)
 
 
 def base_config_vocab(name: str) -> int:
@@ -133,24 +137,33 @@ def run_recipe(recipe: OfficialRecipe, pairs: list[str], device: torch.device) -
     }
 
 
-def tokenize_only(scorer: Scorer, recipe: OfficialRecipe, searches: list[Search], mode: Mode):
-    """Seconds per search to turn all candidates into ids: the official per-pair calls vs ours."""
+def tokenize_only(
+    scorer: Scorer, recipe: OfficialRecipe, searches: list[Search], mode: Mode, repeats: int = 3
+) -> dict:
+    """Seconds per search to turn all candidates into ids, the official per-pair calls vs ours
+    (fastest of ``repeats``, so a burst of load elsewhere does not decide it)."""
     encoder = scorer.backend.encoder
     bodies = [pair_bodies(scorer, s, mode, range(len(s.documents))) for s in searches]
-    began = time.perf_counter()
-    for pairs in bodies:
-        for start in range(0, len(pairs), recipe.batch_size):
-            recipe.process_inputs(pairs[start : start + recipe.batch_size])
-    official = time.perf_counter() - began
-    began = time.perf_counter()
-    for s in searches:
-        budget = encoder.document_budget(len(encoder.prefix_ids(s.context, mode)))
-        encoder.document_ids(s.documents, [budget] * len(s.documents))
-    ours = time.perf_counter() - began
-    return {
-        "official_s_per_search": official / len(searches),
-        "ours_s_per_search": ours / len(searches),
-    }
+
+    def official() -> None:
+        for pairs in bodies:
+            for start in range(0, len(pairs), recipe.batch_size):
+                recipe.process_inputs(pairs[start : start + recipe.batch_size])
+
+    def ours() -> None:
+        for s in searches:
+            budget = encoder.document_budget(len(encoder.prefix_ids(s.context, mode)))
+            encoder.document_ids(s.documents, [budget] * len(s.documents))
+
+    out = {}
+    for name, fn in (("official", official), ("ours", ours)):
+        best = float("inf")
+        for _ in range(repeats):
+            began = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - began)
+        out[f"{name}_s_per_search"] = best / len(searches)
+    return out
 
 
 def load(cfg: BenchConfig, device: torch.device):
@@ -235,12 +248,19 @@ def run(cfg: BenchConfig) -> dict:
                 flush=True,
             )
     report["modes"] = {}
+    spread = 0.0
     for mode in modes:
         results = {k: summarise(v, params, cfg.peak_flops) for k, v in runs[mode].items() if v}
         results["tokenize_only"] = tokenize_only(scorer, strong, searches, mode)
+        results["score_spread"] = float(
+            np.ptp(np.concatenate([r["scores"] for r in runs[mode]["ours"]]))
+        )
+        spread = max(spread, results["score_spread"])
         report["modes"][mode.value] = results
     basis = "wall" if device.type == "cuda" else "cpu"
-    report["targets"] = targets(report["modes"], SCORE_ATOL.get(cfg.dtype, 1e-3), basis)
+    tolerance = SCORE_TOLERANCE[cfg.dtype]
+    atol = tolerance if cfg.dtype == "float32" else tolerance * max(1.0, spread)
+    report["targets"] = targets(report["modes"], atol, basis)
     report["load_average_end"] = os.getloadavg()
     return report
 
