@@ -216,7 +216,8 @@ def run(cfg: BenchConfig) -> dict:
     strong = OfficialRecipe(model, tokenizer, cfg.batch_size, last_logits_only=True)
     official = OfficialRecipe(model, tokenizer, cfg.batch_size, last_logits_only=False)
     modes = [Mode(m) for m in cfg.modes]
-    report = {"label": cfg.label, "config": asdict(cfg), "environment": environment()}
+    config = {k: v for k, v in asdict(cfg).items() if k != "out"}
+    report = {"label": cfg.label, "config": config, "environment": environment()}
     report |= {"setup_s": setup_s, "non_embedding_params": params}
     report["workload"] = workload_info(cfg, scorer, searches)
     recipes = [strong, official] if cfg.official_pairs else [strong]
