@@ -11,8 +11,10 @@ prefix + ``" " + document`` + suffix, field caps, document budget) and the cross
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from acare_ray.causal_lm import pad_right
@@ -28,19 +31,39 @@ from acare_ray.schema import TRAINING_GROUPS, Group, RowError, parse_group
 
 NEMO_SUFFIXES = (".jsonl", ".json")
 
+logger = logging.getLogger(__name__)
+
 
 def read_groups(path: str | os.PathLike) -> pa.Table:
-    """A ``TRAINING_GROUPS`` table from Parquet (file or folder) or NeMo JSONL (by suffix)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"training data not found: {path}")
-    if path.suffix in NEMO_SUFFIXES:
+    """A ``TRAINING_GROUPS`` table from Parquet (file or folder) or NeMo JSONL (by suffix).
+
+    A relabel job's output (Parquet with a ``status`` column, one row per search) is read as its
+    ``status == "ok"`` rows; the other rows are searches that gave no group, and how many of each
+    status were left out is logged.
+    """
+    text = os.fspath(path)
+    local = "://" not in text
+    if local and not Path(text).exists():
+        raise FileNotFoundError(f"training data not found: {text}")
+    if Path(text).suffix in NEMO_SUFFIXES:
         from acare_ray.data.nemo import read_nemo_jsonl
 
-        return read_nemo_jsonl(path)
+        return read_nemo_jsonl(text)
     from acare_ray.data.io import read_parquet
 
-    return read_parquet(path, TRAINING_GROUPS)
+    table = read_parquet(text, TRAINING_GROUPS)
+    if "status" not in table.column_names:
+        return table
+    status = table.column("status")
+    left_out = Counter(s for s in status.to_pylist() if s != "ok")
+    if left_out:
+        logger.info(
+            "%s: relabel output, training on %d ok rows; left out %s",
+            text,
+            table.num_rows - sum(left_out.values()),
+            ", ".join(f"{n} {s}" for s, n in sorted(left_out.items(), key=str)),
+        )
+    return table.filter(pc.equal(status, "ok")).select(TRAINING_GROUPS.names)
 
 
 def parse_groups(table: pa.Table, group_size: int) -> list[Group]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -12,7 +13,7 @@ from acare_ray.context import AgentContext, FieldDropout, Mode
 from acare_ray.data.io import write_parquet
 from acare_ray.data.nemo import write_nemo_jsonl
 from acare_ray.data.synthetic import synthetic_groups
-from acare_ray.schema import Candidate, Group, RowError
+from acare_ray.schema import TRAINING_GROUPS, Candidate, Group, RowError
 from acare_ray.training.collator import (
     GroupCollator,
     epoch_order,
@@ -143,3 +144,23 @@ def test_parquet_and_nemo_jsonl_read_as_the_same_groups(tmp_path):
 def test_missing_data_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere.parquet"):
         read_groups(tmp_path / "nowhere.parquet")
+
+
+def test_relabel_output_trains_on_its_ok_rows(tmp_path, caplog):
+    from acare_ray.offline.score import RELABEL_OUTPUT
+
+    groups = synthetic_groups(4, seed=5).to_pylist()
+    rows = [dict(g, status="ok", error=None) for g in groups]
+    rows[1] = dict(rows[1], positive=None, negatives=None, status="failed_trajectory")
+    rows[3] = dict(rows[3], positive=None, negatives=None, status="invalid", error="bad row")
+    rows = [{name: row.get(name) for name in RELABEL_OUTPUT.names} for row in rows]
+    folder = tmp_path / "relabeled"
+    write_parquet(pa.Table.from_pylist(rows, schema=RELABEL_OUTPUT), folder / "part-0.parquet")
+    with caplog.at_level("INFO", logger="acare_ray.training.collator"):
+        table = read_groups(folder)
+    assert table.column_names == TRAINING_GROUPS.names
+    parsed = parse_groups(table, 8)
+    ok = [r["group_id"] for r in rows if r["status"] == "ok"]
+    assert len(ok) == len(rows) - 2
+    assert [g.group_id for g in parsed] == ok
+    assert "1 failed_trajectory, 1 invalid" in caplog.text
