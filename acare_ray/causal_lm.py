@@ -291,11 +291,15 @@ class CausalLMBackend:
         encoder: PromptEncoder,
         plan: Callable[[list[int]], list[np.ndarray]],
         device: torch.device,
+        pack_tokens: int | None = None,
+        pack_rows: int = 512,
     ) -> None:
         self.module = module.eval()
         self.encoder = encoder
         self.plan = plan
         self.device = device
+        self.pack_tokens = pack_tokens
+        self.pack_rows = pack_rows
         self.stats = BackendStats()
 
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:
@@ -316,13 +320,67 @@ class CausalLMBackend:
         doc_ids = self.encoder.document_ids(documents, budgets)
         self.stats.tokenize_s += time.perf_counter() - started
         suffix = self.encoder.suffix_ids
-        results, start = [], 0
+        seqs, start = [], 0
+        for _, _, docs in searches:
+            seqs.append([ids + suffix for ids in doc_ids[start : start + len(docs)]])
+            start += len(docs)
+        results: list[np.ndarray] = [np.empty(0, dtype=np.float32)] * len(searches)
         with torch.inference_mode():
-            for prefix, (_, _, docs) in zip(prefixes, searches):
-                seqs = [ids + suffix for ids in doc_ids[start : start + len(docs)]]
-                start += len(docs)
-                results.append(self._score_search(prefix, seqs))
+            for pack in self._packs(prefixes, seqs):
+                if len(pack) == 1:
+                    results[pack[0]] = self._score_search(prefixes[pack[0]], seqs[pack[0]])
+                else:
+                    scores = self._score_pack([prefixes[i] for i in pack], [seqs[i] for i in pack])
+                    for i, out in zip(pack, scores):
+                        results[i] = out
         return results
+
+    def _packs(self, prefixes: list[list[int]], seqs: list[list[list[int]]]) -> list[list[int]]:
+        """Search indices cut into runs scored together: with ``pack_tokens`` set, consecutive
+        small searches share forward passes (one prefix pass for all their prefixes, candidates
+        batched across searches) while their prefixes and candidates stay within
+        ``pack_tokens`` real tokens and ``pack_rows`` candidates; otherwise one search each."""
+        if self.pack_tokens is None:
+            return [[i] for i in range(len(seqs))]
+        packs, tokens, rows = [], 0, 0
+        for i, (prefix, docs) in enumerate(zip(prefixes, seqs)):
+            size = len(prefix) + sum(len(d) for d in docs)
+            if not docs:  # nothing to score: no prefix pass either
+                packs.append([i])
+                tokens, rows = self.pack_tokens + 1, 0
+                continue
+            if packs and tokens + size <= self.pack_tokens and rows + len(docs) <= self.pack_rows:
+                packs[-1].append(i)
+                tokens, rows = tokens + size, rows + len(docs)
+            else:
+                packs.append([i])
+                tokens, rows = size, len(docs)
+        return packs
+
+    def _score_pack(
+        self, prefixes: list[list[int]], seqs: list[list[list[int]]]
+    ) -> list[np.ndarray]:
+        """Several searches in shared forwards: prefixes right-padded into one prefix pass, each
+        candidate attending to its own search's prefix (``doc_group``)."""
+        prefix_ids, prefix_lengths = pad_right(prefixes)
+        prefix_mask = torch.arange(prefix_ids.shape[1])[None] < prefix_lengths[:, None]
+        state = self.module.encode_prefixes(prefix_ids.to(self.device), prefix_mask.to(self.device))
+        self.stats.add(real=int(prefix_lengths.sum()), computed=prefix_ids.numel())
+        flat = [seq for docs in seqs for seq in docs]
+        group = np.repeat(np.arange(len(seqs)), [len(docs) for docs in seqs])
+        scores = np.empty(len(flat), dtype=np.float32)
+        for batch in self.plan([len(s) for s in flat]):
+            padded, lengths = pad_right([flat[i] for i in batch])
+            self.stats.add(real=int(lengths.sum()), computed=padded.numel())
+            out = self.module.score_documents(
+                state,
+                padded.to(self.device),
+                lengths.to(self.device),
+                torch.from_numpy(group[batch]).to(self.device),
+            )
+            scores[batch] = out.cpu().numpy()
+        bounds = np.cumsum([len(docs) for docs in seqs])[:-1]
+        return np.split(scores, bounds)
 
     def _score_search(self, prefix: list[int], seqs: list[list[int]]) -> np.ndarray:
         scores = np.empty(len(seqs), dtype=np.float32)

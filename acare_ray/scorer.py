@@ -35,6 +35,11 @@ class ScorerConfig:
 
     ``compile``: run the causal backend's decoder layers through ``torch.compile`` (1.1-1.3x
     on CPU after about a minute of compiling; see docs/speed.md).
+    ``pack_searches``: the causal backend scores consecutive small searches of one call in
+    shared forward passes (up to ``max_batch_tokens`` real tokens and ``max_batch_size``
+    candidates per pack) instead of one search at a time; ``None`` packs on CUDA only, where
+    per-call overhead dominates small searches (on CPU the per-search path keeps the split
+    shared-prefix attention).
     """
 
     prompt: PromptConfig = field(default_factory=PromptConfig)
@@ -42,6 +47,7 @@ class ScorerConfig:
     max_batch_size: int = 512
     batch_overhead_tokens: int = 128
     compile: bool = False
+    pack_searches: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,8 @@ class Scorer:
         ``backend``: ``"causal_lm"``, ``"cross_encoder"`` or ``"auto"`` (an ``acare.json`` in the
         checkpoint, else the architecture). ``options``: ``max_batch_tokens``,
         ``max_batch_size``, ``max_length``, ``instruction``, ``caps`` (a :class:`FieldCaps`),
-        ``compile`` (causal backend: ``torch.compile`` the decoder layers).
+        ``compile`` (causal backend: ``torch.compile`` the decoder layers), ``pack_searches``
+        (causal backend: small searches share forward passes; default on CUDA only).
         CPU runs float32, CUDA bfloat16 unless ``dtype`` says otherwise.
         """
         path = resolve_model_path(name_or_path)
@@ -244,7 +251,9 @@ class Scorer:
 
 def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -> ScorerConfig:
     sizes = {"max_batch_tokens", "max_batch_size", "batch_overhead_tokens"}
-    unknown = set(options) - sizes - {"max_length", "instruction", "caps", "compile"}
+    unknown = (
+        set(options) - sizes - {"max_length", "instruction", "caps", "compile", "pack_searches"}
+    )
     if unknown:
         raise TypeError(f"unknown Scorer options: {', '.join(sorted(unknown))}")
     from acare_ray.cross_encoder import CROSS_ENCODER_CAPS
@@ -258,7 +267,11 @@ def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -
         or (512 if backend == "cross_encoder" else 8192),
         instruction=options.get("instruction") or saved.get("instruction"),
     )
-    config = ScorerConfig(prompt=prompt, compile=bool(options.get("compile", False)))
+    config = ScorerConfig(
+        prompt=prompt,
+        compile=bool(options.get("compile", False)),
+        pack_searches=options.get("pack_searches"),
+    )
     return replace(config, **{k: options[k] for k in sizes if options.get(k) is not None})
 
 
@@ -277,7 +290,15 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
     module = PrefixSharedYesNo(model, encoder.yes_id, encoder.no_id).to(device)
     if config.compile:
         module.compile_layers()
-    return CausalLMBackend(module, encoder, plan, device)
+    pack = config.pack_searches if config.pack_searches is not None else device.type == "cuda"
+    return CausalLMBackend(
+        module,
+        encoder,
+        plan,
+        device,
+        pack_tokens=config.max_batch_tokens if pack else None,
+        pack_rows=config.max_batch_size,
+    )
 
 
 def _load_cross_encoder(path, tokenizer, config, plan, device, dtype):

@@ -78,6 +78,39 @@ def test_score_many_equals_score_per_search(tiny_scorer):
     assert many[2].shape == (0,)
 
 
+@pytest.mark.parametrize("budget", [64, 400, 100_000])
+def test_packed_searches_score_as_one_search_at_a_time(tiny_qwen3_dir, tiny_scorer, budget):
+    """Packing small searches into shared forwards (default on CUDA) changes no score: mixed
+    prefix lengths (M0 and M3), an empty search in the middle, packs cut by the budget."""
+    packed = Scorer.from_pretrained(
+        str(tiny_qwen3_dir), device="cpu", pack_searches=True, max_batch_tokens=budget
+    )
+    other = AgentContext("Velmoria capital")
+    items = [
+        (CONTEXT, DOCUMENTS[:3]),
+        (other, DOCUMENTS[3:5]),
+        (CONTEXT, []),
+        (other, DOCUMENTS),
+        (CONTEXT, DOCUMENTS[5:]),
+    ]
+    calls = []
+    score_pack = packed.backend._score_pack
+    packed.backend._score_pack = lambda p, q: calls.append(len(p)) or score_pack(p, q)
+    got = packed.score_many(items, mode="auto")
+    want = tiny_scorer.score_many(items, mode="auto")
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+    packs = packed.backend._packs(
+        [[0] * n for n in (80, 10, 80, 10, 80)], [[[0] * 30] * k for k in (3, 2, 0, 7, 2)]
+    )
+    assert sorted(i for pack in packs for i in pack) == list(range(5))
+    assert [2] in packs
+    if budget == 100_000:
+        assert packs == [[0, 1], [2], [3, 4]]
+        assert calls == [2, 2]  # the real searches packed the same way
+
+
 def test_multi_prefix_forward_equals_single_prefix(tiny_scorer):
     """The training path (several groups' prefixes in one forward) matches inference."""
     backend = tiny_scorer.backend
