@@ -3,7 +3,8 @@
 # 4B model (shared/models/configs/Qwen3-Embedding-4B), bf16, searches of 100 candidates with a
 # shared prefix of 1,000 tokens and documents of 256 tokens. Prints pairs/s and model-FLOPs
 # utilisation (2 x non-embedding params x tokens / time / 989e12, H100/H200 dense bf16) for
-# ours, the strong baseline and the official recipe; writes JSON + markdown to $OUT_DIR.
+# ours, the strong baseline and the official recipe; then small searches (4 and 16 candidates)
+# scored one by one vs packed into shared forwards. Writes JSON + markdown to $OUT_DIR.
 # Budget: under 8 minutes on a single H200 machine (model building included).
 #
 #   benchmarks/gpu.sh              # the GPU run
@@ -64,7 +65,20 @@ else
     limit=900  # generous: shared CI machines can be heavily loaded
 fi
 
+if [[ $mode == gpu ]]; then
+    pack_args=(--device cuda --dtype bfloat16 --layers 0 --candidates 4 16 --searches 32
+        --prefix-tokens 1000 --doc-tokens 256 --rounds 3 --threads 0)
+    pack_limit=120
+else
+    pack_args=(--device cpu --dtype float32 --shrink --layers 2 --candidates 4 --searches 4
+        --prefix-tokens 160 --doc-tokens 32 --rounds 1)
+    pack_limit=600
+fi
+
 started=$SECONDS
 timeout "$limit" "$PYTHON" benchmarks/bench_scorer.py "${args[@]}" --workload fixed \
     --modes M0 M3 --config "${configs[@]}" --name "$mode" --out "$OUT_DIR"
+# Small searches in one score_many call (the online batcher's case): per search vs packed.
+timeout "$pack_limit" "$PYTHON" benchmarks/bench_packing.py "${pack_args[@]}" \
+    --config "${configs[0]}" --name "packing-$mode" --out "$OUT_DIR"
 echo "== done in $((SECONDS - started))s; results in $OUT_DIR"

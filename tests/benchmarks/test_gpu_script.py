@@ -28,13 +28,16 @@ def reports(tmp_path_factory):
     found = {}
     for path in out.glob("*.json"):
         report = json.loads(path.read_text())
+        if path.name.startswith("packing-"):
+            found["packing"] = (report, path.with_suffix(".md").read_text())
+            continue
         found[report["config"]["config"]] = (report, path.with_suffix(".md").read_text())
     return found
 
 
 @pytest.mark.slow
 def test_reduced_run_covers_both_gpu_model_shapes(reports):
-    assert set(reports) == set(CONFIGS)
+    assert set(reports) == {*CONFIGS, "packing"}
 
 
 @pytest.mark.slow
@@ -67,3 +70,14 @@ def test_reduced_run_scores_agree_and_reports_mfu(reports, config):
             assert results[method]["pairs_per_s"] > 0
             assert 0 < results[method]["mfu"] < 1
     assert "| MFU |" in markdown and "| M3 | ours |" in markdown
+
+
+@pytest.mark.slow
+def test_reduced_run_packs_small_searches_with_equal_scores(reports):
+    report, markdown = reports["packing"]
+    assert [(r["candidates"], r["mode"]) for r in report["rows"]] == [(4, "M0"), (4, "M3")]
+    for row in report["rows"]:
+        assert row["pairs"] == 4 * 4
+        assert row["max_abs_diff"] < 1e-4
+        assert row["packed"]["pairs_per_s"] > 0 and row["per_search"]["pairs_per_s"] > 0
+    assert "| 4 | M3 |" in markdown
