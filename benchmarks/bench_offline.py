@@ -32,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from report import dump_json
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -287,7 +289,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.label}.json").write_text(json.dumps(report, indent=2) + "\n")
+    dump_json(report, out / f"{args.label}.json")
     (out / f"{args.label}.md").write_text(markdown(report))
     print(markdown(report))
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import platform
 import socket
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import dump_json
 from workloads import REASONING_SOURCE, Search, musique_workload
 
 from acare_ray.context import Mode
@@ -344,7 +344,7 @@ def markdown(report: dict, label: str) -> str:
 def write(report: dict, out: Path, label: str) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{label}.json", out / f"{label}.md"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    dump_json(report, json_path)
     md_path.write_text(markdown(report, label))
     return json_path, md_path
 

@@ -17,7 +17,6 @@ writes ``<out>/packing-<device>-<config>-<dtype>.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 from bench_scorer import BenchConfig, build_model
 from measure import measure
-from report import environment
+from report import dump_json, environment
 from workloads import fixed_workload
 
 from acare_ray.context import Mode
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = args.name or f"packing-{args.device}-{args.config}-{args.dtype}"
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    dump_json(report, out / f"{name}.json")
     (out / f"{name}.md").write_text(markdown(report))
     print(markdown(report))
     print(f"wrote {out / name}.{{json,md}} ({time.perf_counter() - began:.0f} s)")

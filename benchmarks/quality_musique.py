@@ -19,7 +19,6 @@ CPU cores with the defaults.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from report import dump_json
 
 from acare_ray.context import Mode
 from acare_ray.data.groups import searches_to_groups
@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     from acare_ray.training.trainer import start_local_ray
 
     started = time.perf_counter()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     work = Path(args.work_dir)
     train_searches, test_searches = split_questions(
         musique_searches("distractor"), args.test_questions, args.seed
@@ -241,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_musique.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
-        "git_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "git_commit": commit,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "data": {
             "train_questions": len(set(train_searches.column("session_id").to_pylist())),
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    dump_json(report, out / f"{args.name}.json")
     (out / f"{args.name}.md").write_text(markdown(report))
     print(markdown(report))
     print(f"total {report['seconds']['total']:.0f} s; wrote {out / args.name}.{{json,md}}")

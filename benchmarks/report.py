@@ -11,6 +11,24 @@ import numpy as np
 import torch
 
 METHODS = ("official", "strong", "ours")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_relative(value):
+    """``value`` with paths inside the repository written relative to its root (results files
+    are committed: they name no machine's folders)."""
+    if isinstance(value, dict):
+        return {k: repo_relative(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [repo_relative(v) for v in value]
+    if isinstance(value, str):
+        return value.replace(f"{REPO}{os.sep}", "").replace(str(REPO), ".")
+    return value
+
+
+def dump_json(report: dict, path: Path) -> None:
+    """Write ``report`` as indented JSON, repository paths made relative."""
+    path.write_text(json.dumps(repo_relative(report), indent=2) + "\n")
 
 
 def summarise(runs: list[dict], params: int, peak_flops: float | None) -> dict:
@@ -204,7 +222,7 @@ def markdown(report: dict) -> str:
 def write(report: dict, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / f"{report['label']}.json", out / f"{report['label']}.md"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    dump_json(report, json_path)
     md_path.write_text(markdown(report))
     return json_path, md_path
 

@@ -1,0 +1,125 @@
+"""Where a MuSiQue quality-run checkpoint goes wrong, by mode: what does it put first?
+
+For each held-out search (the same question split as ``quality_musique.py``), the top-ranked
+paragraph is classed as the step's gold paragraph, the gold paragraph of **another step of the
+same question** (relevant to the question, not to this sub-query), or another distractor.
+Reported per mode and per step position (first step vs later steps), with the gold paragraph's
+mean rank.
+
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_errors.py \\
+        --checkpoint runs/quality_musique/runs/<run>/checkpoint_<step>
+
+writes ``benchmarks/results/quality-musique-errors.{json,md}`` (~5 min on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from quality_musique import rank_searches, split_questions
+from report import dump_json
+
+from acare_ray.context import Mode
+from acare_ray.data.musique import musique_searches
+from acare_ray.schema import parse_search
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES = ("gold", "other_step_gold", "distractor")
+
+
+def classify(test_rows: list[dict], run: dict) -> list[dict]:
+    """One record per search: step position, class of the top-1 paragraph, rank of the gold."""
+    gold_by_session = defaultdict(set)
+    for row in test_rows:
+        for c in row["candidates"]:
+            if c["relevance"] > 0:
+                gold_by_session[row["session_id"]].add(c["doc_id"])
+    out = []
+    for row in test_rows:
+        scores = run[row["search_id"]]
+        ranked = sorted(scores, key=lambda d: -scores[d])
+        own = {c["doc_id"] for c in row["candidates"] if c["relevance"] > 0}
+        top = ranked[0]
+        if top in own:
+            kind = "gold"
+        elif top in gold_by_session[row["session_id"]]:
+            kind = "other_step_gold"
+        else:
+            kind = "distractor"
+        gold_rank = min(ranked.index(d) for d in own) + 1
+        out.append({"step": row["step"], "top1": kind, "gold_rank": gold_rank})
+    return out
+
+
+def summarise(records: list[dict]) -> dict:
+    groups = {
+        "all": records,
+        "first step": [r for r in records if r["step"] == 1],
+        "later steps": [r for r in records if r["step"] > 1],
+    }
+    return {
+        name: {
+            "searches": len(rs),
+            **{k: float(np.mean([r["top1"] == k for r in rs])) for k in CLASSES},
+            "mean_gold_rank": float(np.mean([r["gold_rank"] for r in rs])),
+        }
+        for name, rs in groups.items()
+        if rs
+    }
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "| mode | steps | searches | top-1 gold | top-1 another step's gold | top-1 distractor "
+        "| mean gold rank |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode, by_group in report["modes"].items():
+        for name, s in by_group.items():
+            lines.append(
+                f"| {mode} | {name} | {s['searches']} | {s['gold']:.3f} | "
+                f"{s['other_step_gold']:.3f} | {s['distractor']:.3f} | {s['mean_gold_rank']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--test-questions", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", nargs="+", default=["M0", "M2", "M3"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--name", default="quality-musique-errors")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from acare_ray.scorer import Scorer
+
+    torch.set_num_threads(args.threads)
+    _, test_table = split_questions(musique_searches("distractor"), args.test_questions, args.seed)
+    rows = test_table.to_pylist()
+    searches = [parse_search(row, i) for i, row in enumerate(rows)]
+    scorer = Scorer.from_pretrained(args.checkpoint, device="cpu")
+    report = {"checkpoint": args.checkpoint, "modes": {}}
+    for mode in (Mode(m) for m in args.modes):
+        run = rank_searches(scorer, searches, mode)
+        report["modes"][mode.value] = summarise(classify(rows, run))
+        print(mode.value, json.dumps(report["modes"][mode.value]["all"]), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_json(report, out / f"{args.name}.json")
+    (out / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
