@@ -37,9 +37,9 @@ class ScorerConfig:
     on CPU after about a minute of compiling; see docs/speed.md).
     ``pack_searches``: the causal backend scores consecutive small searches of one call in
     shared forward passes (up to ``max_batch_tokens`` real tokens and ``max_batch_size``
-    candidates per pack) instead of one search at a time; ``None`` packs on CUDA only, where
-    per-call overhead dominates small searches (on CPU the per-search path keeps the split
-    shared-prefix attention).
+    candidates per pack) instead of one search at a time. Off by default: on CPU it measured
+    0.76-0.86x (compute-bound; see docs/speed.md); it targets GPUs serving many small requests,
+    where per-call overhead dominates (``benchmarks/gpu.sh`` measures it there).
     """
 
     prompt: PromptConfig = field(default_factory=PromptConfig)
@@ -47,7 +47,7 @@ class ScorerConfig:
     max_batch_size: int = 512
     batch_overhead_tokens: int = 128
     compile: bool = False
-    pack_searches: bool | None = None
+    pack_searches: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class Scorer:
         checkpoint, else the architecture). ``options``: ``max_batch_tokens``,
         ``max_batch_size``, ``max_length``, ``instruction``, ``caps`` (a :class:`FieldCaps`),
         ``compile`` (causal backend: ``torch.compile`` the decoder layers), ``pack_searches``
-        (causal backend: small searches share forward passes; default on CUDA only).
+        (causal backend: small searches share forward passes; off by default).
         CPU runs float32, CUDA bfloat16 unless ``dtype`` says otherwise.
         """
         path = resolve_model_path(name_or_path)
@@ -270,7 +270,7 @@ def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -
     config = ScorerConfig(
         prompt=prompt,
         compile=bool(options.get("compile", False)),
-        pack_searches=options.get("pack_searches"),
+        pack_searches=bool(options.get("pack_searches", False)),
     )
     return replace(config, **{k: options[k] for k in sizes if options.get(k) is not None})
 
@@ -290,13 +290,12 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
     module = PrefixSharedYesNo(model, encoder.yes_id, encoder.no_id).to(device)
     if config.compile:
         module.compile_layers()
-    pack = config.pack_searches if config.pack_searches is not None else device.type == "cuda"
     return CausalLMBackend(
         module,
         encoder,
         plan,
         device,
-        pack_tokens=config.max_batch_tokens if pack else None,
+        pack_tokens=config.max_batch_tokens if config.pack_searches else None,
         pack_rows=config.max_batch_size,
     )
 

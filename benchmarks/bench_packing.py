@@ -2,13 +2,13 @@
 
 The online batcher hands the scorer one ``score_many`` call per batch of requests; agent
 requests often carry few candidates (5-20). Per search, the causal backend runs one prefix
-pass and one or two candidate forwards for each search; packed (``pack_searches=True``, the
-default on CUDA), consecutive searches share them: one prefix pass over the right-padded
+pass and one or two candidate forwards for each search; packed (``pack_searches=True``),
+consecutive searches share them: one prefix pass over the right-padded
 prefixes, candidates of several searches in one forward (each attends to its own search's
 prefix). Same model object, same inputs, rounds interleaved, fastest of ``--rounds`` per
 method; scores must agree within 1e-4 (float32) / 0.05 x spread (bfloat16).
 
-    .venv/bin/python benchmarks/bench_packing.py                       # CPU, ~3 min
+    .venv/bin/python benchmarks/bench_packing.py                       # CPU, ~5 min
     .venv/bin/python benchmarks/bench_packing.py --device cuda --dtype bfloat16 --layers 0
 
 writes ``<out>/packing-<device>-<config>-<dtype>.{json,md}``.
@@ -44,12 +44,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--candidates", type=int, nargs="+", default=[4, 16], help="per search")
-    p.add_argument("--searches", type=int, default=16, help="searches per score_many call")
+    p.add_argument("--searches", type=int, default=8, help="searches per score_many call")
     p.add_argument("--modes", nargs="+", default=["M0", "M3"], choices=[m.value for m in Mode])
     p.add_argument("--prefix-tokens", type=int, default=600, help="M3 prefix")
     p.add_argument("--doc-tokens", type=int, default=100)
     p.add_argument("--max-batch-tokens", type=int, default=16384)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--name", default=None)

@@ -80,7 +80,7 @@ def test_score_many_equals_score_per_search(tiny_scorer):
 
 @pytest.mark.parametrize("budget", [64, 400, 100_000])
 def test_packed_searches_score_as_one_search_at_a_time(tiny_qwen3_dir, tiny_scorer, budget):
-    """Packing small searches into shared forwards (default on CUDA) changes no score: mixed
+    """Packing small searches into shared forwards (pack_searches) changes no score: mixed
     prefix lengths (M0 and M3), an empty search in the middle, packs cut by the budget."""
     packed = Scorer.from_pretrained(
         str(tiny_qwen3_dir), device="cpu", pack_searches=True, max_batch_tokens=budget

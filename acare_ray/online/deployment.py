@@ -50,6 +50,11 @@ class AppArgs(BaseModel):
     forward_batch_tokens: int | None = Field(
         None, ge=1, description="Padded tokens per forward pass (Scorer max_batch_tokens)."
     )
+    pack_searches: bool = Field(
+        False,
+        description="Causal backend: score a batch's small requests in shared forward passes "
+        "(Scorer pack_searches; scores unchanged).",
+    )
     max_documents: int = Field(1000, ge=1, description="Documents per request (more: 413).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Request body limit (413).")
     auto_truncate: bool = Field(True, description="Cut documents that do not fit (else 413).")
@@ -117,7 +122,11 @@ class Reranker:
         from acare_ray.scorer import Scorer
 
         config = AppArgs.model_validate(args)
-        options = {"max_length": config.max_length, "max_batch_tokens": config.forward_batch_tokens}
+        options = {
+            "max_length": config.max_length,
+            "max_batch_tokens": config.forward_batch_tokens,
+            "pack_searches": config.pack_searches or None,
+        }
         scorer = Scorer.from_pretrained(
             config.model,
             device=config.device,
