@@ -4,12 +4,13 @@ For each held-out search (the same question split as ``quality_musique.py``), th
 paragraph is classed as the step's gold paragraph, the gold paragraph of **another step of the
 same question** (relevant to the question, not to this sub-query), or another distractor.
 Reported per mode and per step position (first step vs later steps), with the gold paragraph's
-mean rank.
+mean rank, and nDCG@10 per mode (M1 too: reasoning without the question) with paired
+randomization tests against M0.
 
     RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_errors.py \\
         --checkpoint runs/quality_musique/runs/<run>/checkpoint_<step>
 
-writes ``benchmarks/results/quality-musique-errors.{json,md}`` (~5 min on 2 CPU cores).
+writes ``benchmarks/results/quality-musique-errors.{json,md}`` (~6 min on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from report import dump_json
 
 from acare_ray.context import Mode
 from acare_ray.data.musique import musique_searches
+from acare_ray.metrics import bootstrap_ci, evaluate, paired_randomization_test
 from acare_ray.schema import parse_search
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,16 @@ def summarise(records: list[dict]) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [
+        "| mode | nDCG@10 [95% CI] | vs M0 (p, randomization) |",
+        "|---|---|---|",
+    ]
+    for mode, m in report["ndcg@10"].items():
+        versus = f"{m['diff_vs_M0']:+.4f} (p {m['p_vs_M0']:.4f})" if "p_vs_M0" in m else "-"
+        lines.append(
+            f"| {mode} | {m['mean']:.4f} [{m['ci95'][0]:.4f}, {m['ci95'][1]:.4f}] | {versus} |"
+        )
+    lines += [
+        "",
         "| mode | steps | searches | top-1 gold | top-1 another step's gold | top-1 distractor "
         "| mean gold rank |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--test-questions", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", nargs="+", default=["M0", "M2", "M3"])
+    parser.add_argument("--modes", nargs="+", default=["M0", "M1", "M2", "M3"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="quality-musique-errors")
@@ -108,10 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = test_table.to_pylist()
     searches = [parse_search(row, i) for i, row in enumerate(rows)]
     scorer = Scorer.from_pretrained(args.checkpoint, device="cpu")
-    report = {"checkpoint": args.checkpoint, "modes": {}}
+    qrels = {s.search_id: {c.doc_id: c.relevance for c in s.candidates} for s in searches}
+    report = {"checkpoint": args.checkpoint, "modes": {}, "ndcg@10": {}}
+    per_query = {}
     for mode in (Mode(m) for m in args.modes):
         run = rank_searches(scorer, searches, mode)
         report["modes"][mode.value] = summarise(classify(rows, run))
+        per_query[mode.value] = evaluate(qrels, run, ("nDCG@10",)).per_query["nDCG@10"]
+        mean, low, high = bootstrap_ci(list(per_query[mode.value].values()), seed=0)
+        report["ndcg@10"][mode.value] = {"mean": mean, "ci95": [low, high]}
+        if mode is not Mode.M0 and "M0" in per_query:
+            test = paired_randomization_test(per_query["M0"], per_query[mode.value], seed=0)
+            report["ndcg@10"][mode.value] |= {"diff_vs_M0": test.mean_diff, "p_vs_M0": test.p_value}
         print(mode.value, json.dumps(report["modes"][mode.value]["all"]), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
