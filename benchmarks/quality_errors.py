@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -35,21 +34,20 @@ CLASSES = ("gold", "other_step_gold", "distractor")
 
 
 def classify(test_rows: list[dict], run: dict) -> list[dict]:
-    """One record per search: step position, class of the top-1 paragraph, rank of the gold."""
-    gold_by_session = defaultdict(set)
-    for row in test_rows:
-        for c in row["candidates"]:
-            if c["relevance"] > 0:
-                gold_by_session[row["session_id"]].add(c["doc_id"])
+    """One record per search with its gold among the candidates: step position, class of the
+    top-1 paragraph, rank of the gold. "Another step's gold" is a supporting paragraph of the
+    same question that is not this step's (``supporting_docs``)."""
     out = []
     for row in test_rows:
+        own = {c["doc_id"] for c in row["candidates"] if c["relevance"] > 0}
+        if not own:  # open setting: BM25 missed the gold paragraph
+            continue
         scores = run[row["search_id"]]
         ranked = sorted(scores, key=lambda d: -scores[d])
-        own = {c["doc_id"] for c in row["candidates"] if c["relevance"] > 0}
         top = ranked[0]
         if top in own:
             kind = "gold"
-        elif top in gold_by_session[row["session_id"]]:
+        elif top in set(row["supporting_docs"] or ()):
             kind = "other_step_gold"
         else:
             kind = "distractor"
@@ -106,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-questions", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", nargs="+", default=["M0", "M1", "M2", "M3"])
+    parser.add_argument(
+        "--setting",
+        default="distractor",
+        choices=["distractor", "open"],
+        help="open: BM25 top-100 over all questions' paragraphs instead of the question's 20",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="quality-musique-errors")
@@ -116,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     from acare_ray.scorer import Scorer
 
     torch.set_num_threads(args.threads)
-    _, test_table = split_questions(musique_searches("distractor"), args.test_questions, args.seed)
+    # The split is by question, so the distractor and open tables give the same test questions.
+    _, test_table = split_questions(musique_searches(args.setting), args.test_questions, args.seed)
     rows = test_table.to_pylist()
     searches = [parse_search(row, i) for i, row in enumerate(rows)]
     scorer = Scorer.from_pretrained(args.checkpoint, device="cpu")
     qrels = {s.search_id: {c.doc_id: c.relevance for c in s.candidates} for s in searches}
-    report = {"checkpoint": args.checkpoint, "modes": {}, "ndcg@10": {}}
+    report = {"checkpoint": args.checkpoint, "setting": args.setting, "modes": {}, "ndcg@10": {}}
     per_query = {}
     for mode in (Mode(m) for m in args.modes):
         run = rank_searches(scorer, searches, mode)
