@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from acare_ray.schema import TRAINING_GROUPS, Candidate, Search, parse_search
 
@@ -101,3 +103,13 @@ def group_stats(table: pa.Table) -> GroupStats:
     if STATS_KEY not in meta:
         raise ValueError("table carries no group statistics (not made by searches_to_groups)")
     return GroupStats(**json.loads(meta[STATS_KEY]))
+
+
+def ok_groups(table: pa.Table) -> tuple[pa.Table, Counter]:
+    """The training groups of a relabel output, its ``status == "ok"`` rows as
+    ``TRAINING_GROUPS``, and how many rows of each other status (searches that gave no group)
+    were left out."""
+    status = table.column("status")
+    left_out = Counter(s for s in status.to_pylist() if s != "ok")
+    groups = table.filter(pc.equal(status, "ok")).select(TRAINING_GROUPS.names)
+    return groups.cast(TRAINING_GROUPS), left_out

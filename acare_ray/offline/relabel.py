@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from acare_ray.data.groups import ok_groups
 from acare_ray.offline.actor import RelabelActor
 from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.offline.resume import resolve
@@ -67,5 +68,4 @@ def read_groups(path: str) -> pa.Table:
     """The training groups (``status == "ok"``) of a relabel output, as ``TRAINING_GROUPS``."""
     fs, inner, _ = resolve(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
-    table = dataset.to_table(columns=TRAINING_GROUPS.names, filter=pads.field("status") == "ok")
-    return table.cast(TRAINING_GROUPS)
+    return ok_groups(dataset.to_table(columns=[*TRAINING_GROUPS.names, "status"]))[0]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from acare_ray.causal_lm import pad_right
@@ -54,16 +52,17 @@ def read_groups(path: str | os.PathLike) -> pa.Table:
     table = read_parquet(text, TRAINING_GROUPS)
     if "status" not in table.column_names:
         return table
-    status = table.column("status")
-    left_out = Counter(s for s in status.to_pylist() if s != "ok")
+    from acare_ray.data.groups import ok_groups
+
+    groups, left_out = ok_groups(table)
     if left_out:
         logger.info(
             "%s: relabel output, training on %d ok rows; left out %s",
             text,
-            table.num_rows - sum(left_out.values()),
+            groups.num_rows,
             ", ".join(f"{n} {s}" for s, n in sorted(left_out.items(), key=str)),
         )
-    return table.filter(pc.equal(status, "ok")).select(TRAINING_GROUPS.names)
+    return groups
 
 
 def parse_groups(table: pa.Table, group_size: int) -> list[Group]:
