@@ -14,6 +14,7 @@ import sys
 
 COMMAND_MODULES = (
     "acare_ray.demo",
+    "acare_ray.data.cli",
     "acare_ray.offline.cli",
     "acare_ray.online.cli",
     "acare_ray.training.cli",

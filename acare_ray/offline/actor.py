@@ -78,10 +78,18 @@ class RelabelActor:
         negatives: int = 7,
         scorer_options: dict[str, Any] | None = None,
         cpus: float = 1.0,
+        gold_aware: bool = False,
+        negatives_from: str = "bottom",
+        keep_failed: bool = False,
     ) -> None:
         self.scorer = load_scorer(model, cpus, scorer_options or {})
         self.negatives = negatives
+        self.options = {
+            "gold_aware": gold_aware,
+            "negatives_from": negatives_from,
+            "keep_failed": keep_failed,
+        }
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = relabel_rows(self.scorer, batch.to_pylist(), self.negatives)
+        rows = relabel_rows(self.scorer, batch.to_pylist(), self.negatives, **self.options)
         return pa.Table.from_pylist(rows, schema=RELABEL_OUTPUT)

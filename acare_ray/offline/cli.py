@@ -85,6 +85,9 @@ def relabel_command(args: argparse.Namespace) -> int:
         output=args.output,
         model=args.model,
         negatives=args.negatives,
+        gold_aware=args.gold_aware,
+        negatives_from=args.negatives_from,
+        keep_failed=args.keep_failed,
         pool=_pool(args),
         scorer=ScorerSettings(
             max_batch_tokens=args.max_batch_tokens,
@@ -114,6 +117,9 @@ def eval_command(args: argparse.Namespace) -> int:
         pool=_pool(args),
         scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
         ray_address=args.ray_address,
+        sessions=args.sessions,
+        session_depth=args.session_depth,
+        group_by=args.group_by,
     )
     report = run(config)
     print(format_table(report))
@@ -130,8 +136,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     relabel = subparsers.add_parser("relabel", help="label searches into training groups")
     _add_common(relabel)
-    relabel.add_argument("--negatives", type=int, default=7, help="bottom-k as negatives")
+    relabel.add_argument("--negatives", type=int, default=7, help="negatives per group")
     relabel.add_argument("--instruction", default=None, help="labeler instruction")
+    relabel.add_argument(
+        "--gold-aware",
+        action="store_true",
+        help="positive = the labeler's best gold candidate (relevance > 0); negatives non-gold",
+    )
+    relabel.add_argument(
+        "--negatives-from",
+        default="bottom",
+        choices=["bottom", "hard"],
+        help="the labeler's lowest-ranked (paper) or highest-ranked non-positive candidates",
+    )
+    relabel.add_argument(
+        "--keep-failed", action="store_true", help="also label failed trajectories' searches"
+    )
     relabel.set_defaults(func=relabel_command)
 
     evaluate = subparsers.add_parser("eval", help="compare modes on labelled searches")
@@ -142,4 +162,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--test", default="randomization", choices=["randomization", "bootstrap"])
     evaluate.add_argument("--resamples", type=int, default=10_000)
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument(
+        "--sessions",
+        action="store_true",
+        help="also replay each session (top unseen documents per search) and test by session",
+    )
+    evaluate.add_argument("--session-depth", type=int, default=10, help="documents per search")
+    evaluate.add_argument("--group-by", default=None, help="also report per value of a column")
     evaluate.set_defaults(func=eval_command)

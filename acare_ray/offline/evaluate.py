@@ -42,6 +42,7 @@ from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
 from acare_ray.offline.report import format_table, write_chart, write_markdown
 from acare_ray.offline.resume import resolve
+from acare_ray.offline.session_eval import load_column, load_sessions, session_section
 
 TESTS = ("randomization", "bootstrap")
 
@@ -54,6 +55,10 @@ class EvalConfig:
     ``test``: paired ``randomization`` (sign flip) or ``bootstrap`` test, ``n_resamples``
     draws; ``alpha`` applies to Holm-adjusted p-values; CIs are percentile bootstrap at
     ``confidence``.
+
+    ``sessions``: also replay each session (:mod:`acare_ray.offline.session_eval`, each search
+    returning its top ``session_depth`` unseen documents) and test session-paired.
+    ``group_by``: an input column (e.g. ``agent``); every figure is also reported per value.
     """
 
     input: str
@@ -69,8 +74,13 @@ class EvalConfig:
     pool: ActorPool = field(default_factory=ActorPool)
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
+    sessions: bool = False
+    session_depth: int = 10
+    group_by: str | None = None
 
     def __post_init__(self) -> None:
+        if self.session_depth < 1:
+            raise ValueError(f"session_depth must be >= 1, got {self.session_depth}")
         modes = tuple(parse_mode(m) for m in self.modes)
         if not modes or not all(isinstance(m, Mode) for m in modes):
             raise ValueError(f"modes must be one or more of M0..M3, got {self.modes!r}")
@@ -196,6 +206,63 @@ def _input_notes(path: str) -> dict[str, Any]:
     return notes
 
 
+def _restrict(per_query: dict, qids: list[str]) -> dict:
+    return {
+        mode: {m: {q: values[q] for q in qids} for m, values in by_measure.items()}
+        for mode, by_measure in per_query.items()
+    }
+
+
+def _metrics(per_query: dict, qids: list[str], config: EvalConfig) -> dict[str, dict]:
+    """``{mode: {measure: {mean, ci_low, ci_high}}}`` over ``qids``."""
+    metrics: dict[str, dict] = {}
+    for mode in config.modes:
+        metrics[mode] = {}
+        for measure in config.measures:
+            values = [per_query[mode][measure][q] for q in qids]
+            mean, low, high = bootstrap_ci(
+                values, config.n_resamples, config.seed, config.confidence
+            )
+            metrics[mode][measure] = {"mean": mean, "ci_low": low, "ci_high": high}
+    return metrics
+
+
+def _sessions(data, runs, per_query, config: EvalConfig, keep=None) -> dict[str, Any]:
+    options = {
+        "depth": config.session_depth,
+        "test": config.test,
+        "n_resamples": config.n_resamples,
+        "seed": config.seed,
+        "confidence": config.confidence,
+        "alpha": config.alpha,
+    }
+    if keep is not None:
+        options["keep"] = keep
+    return session_section(data, runs, per_query, config.modes, **options)
+
+
+def _groups(group_of, qids, sessions, runs, per_query, config: EvalConfig) -> dict[str, Any]:
+    """The per-search figures (and the session section) for each value of ``group_by``."""
+    out = {}
+    for value in sorted({group_of.get(q) for q in qids}, key=str):
+        chosen = [q for q in qids if group_of.get(q) == value]
+        section: dict[str, Any] = {"queries": len(chosen)}
+        if len(chosen) >= 2:
+            restricted = _restrict(per_query, chosen)
+            section["metrics"] = _metrics(restricted, chosen, config)
+            section["comparisons"] = compare_modes(restricted, config)
+        if sessions is not None:
+            section["sessions"] = _sessions(
+                sessions,
+                runs,
+                per_query,
+                config,
+                keep=lambda s, v=value: sessions.group_of.get(s) == v,
+            )
+        out[str(value)] = section
+    return out
+
+
 def run(config: EvalConfig) -> dict[str, Any]:
     """Rerank in every mode, evaluate, write the report files; returns the report (the content
     of ``report.json``)."""
@@ -227,19 +294,16 @@ def run(config: EvalConfig) -> dict[str, Any]:
     chosen_qrels = {q: qrels[q] for q in qids}
     files = {"qrels": str(out / "qrels.trec"), "runs": {}}
     write_trec_qrels(chosen_qrels, files["qrels"])
-    metrics, per_query = {}, {}
+    per_query = {}
     for mode in config.modes:
         files["runs"][mode] = str(out / "runs" / f"{mode}.trec")
         write_trec_run(runs[mode], files["runs"][mode], tag=f"acare-{mode}")
-        evaluation = evaluate(chosen_qrels, runs[mode], config.measures)
-        per_query[mode] = evaluation.per_query
-        metrics[mode] = {}
-        for measure in config.measures:
-            values = [evaluation.per_query[measure][q] for q in qids]
-            mean, low, high = bootstrap_ci(
-                values, config.n_resamples, config.seed, config.confidence
-            )
-            metrics[mode][measure] = {"mean": mean, "ci_low": low, "ci_high": high}
+        per_query[mode] = evaluate(chosen_qrels, runs[mode], config.measures).per_query
+    metrics = _metrics(per_query, qids, config)
+    sessions = load_sessions(config.input, config.group_by) if config.sessions else None
+    group_of = None
+    if config.group_by is not None:
+        group_of = load_column(config.input, config.group_by)
     report: dict[str, Any] = {
         "model": config.model,
         "input": config.input,
@@ -257,6 +321,12 @@ def run(config: EvalConfig) -> dict[str, Any]:
             "comparisons": compare_modes(per_query, config),
         },
         "job": counts.as_dict(),
+        **({"sessions": _sessions(sessions, runs, per_query, config)} if sessions else {}),
+        **(
+            {"groups": _groups(group_of, qids, sessions, runs, per_query, config)}
+            if group_of
+            else {}
+        ),
         "config": {**asdict(config)},
         "files": files,
     }

@@ -153,7 +153,11 @@ def count_rows(path: str) -> int:
     return pads.dataset(inner, filesystem=fs, format="parquet").count_rows()
 
 
-def input_columns(path: str, wanted: pa.Schema = SEARCHES) -> list[str]:
+JOB_INPUT = SEARCHES.append(pa.field("supporting_titles", pa.list_(pa.string())))
+"""What the jobs read of an input: ``SEARCHES`` and the gold-aware labeler's page titles."""
+
+
+def input_columns(path: str, wanted: pa.Schema = JOB_INPUT) -> list[str]:
     """The columns of ``wanted`` the input has (others are not read)."""
     fs, inner, _ = resolve(path)
     names = set(pads.dataset(inner, filesystem=fs, format="parquet").schema.names)

@@ -20,14 +20,20 @@ from acare_ray.data.groups import ok_groups
 from acare_ray.offline.actor import RelabelActor
 from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.offline.resume import resolve
-from acare_ray.offline.score import LABELER_INSTRUCTION
+from acare_ray.offline.score import LABELER_INSTRUCTION, NEGATIVES_FROM
 from acare_ray.schema import TRAINING_GROUPS
 
 
 @dataclass(frozen=True)
 class RelabelConfig:
     """``input``: searches Parquet with ``question``, ``answer``, ``supporting_docs`` and
-    optionally ``judge_ok``; ``output``: a folder of ``RELABEL_OUTPUT`` part files.
+    optionally ``judge_ok`` and ``supporting_titles``; ``output``: a folder of
+    ``RELABEL_OUTPUT`` part files.
+
+    ``gold_aware``: the positive is a gold candidate (relevance > 0) and no negative is;
+    ``negatives_from``: ``bottom`` (the labeler's worst) or ``hard`` (its best-ranked
+    non-positives); ``keep_failed``: also label searches of failed trajectories (gold labels do
+    not depend on the agent's success). See :func:`~acare_ray.offline.score.relabel_rows`.
 
     The labeler's instruction defaults to :data:`LABELER_INSTRUCTION` (set
     ``scorer.instruction`` to change it).
@@ -37,6 +43,9 @@ class RelabelConfig:
     output: str
     model: str
     negatives: int = 7
+    gold_aware: bool = False
+    negatives_from: str = "bottom"
+    keep_failed: bool = False
     pool: ActorPool = field(default_factory=ActorPool)
     scorer: ScorerSettings = field(
         default_factory=lambda: ScorerSettings(instruction=LABELER_INSTRUCTION)
@@ -46,20 +55,30 @@ class RelabelConfig:
     def __post_init__(self) -> None:
         if self.negatives < 1:
             raise ValueError(f"negatives must be >= 1, got {self.negatives}")
+        if self.negatives_from not in NEGATIVES_FROM:
+            raise ValueError(
+                f"negatives_from must be one of {NEGATIVES_FROM}, got {self.negatives_from!r}"
+            )
 
 
 def run(config: RelabelConfig) -> JobCounts:
     """Run the relabel job; ``per_key`` of the counts is keyed by status."""
     options = config.scorer.options()
+    labels = {
+        "negatives": config.negatives,
+        "gold_aware": config.gold_aware,
+        "negatives_from": config.negatives_from,
+        "keep_failed": config.keep_failed,
+    }
     with ray_session(config.ray_address):
         return run_job(
             "relabel",
             config.input,
             config.output,
             RelabelActor,
-            {"model": config.model, "negatives": config.negatives, "scorer_options": options},
+            {"model": config.model, "scorer_options": options, **labels},
             config.pool,
-            manifest={"model": config.model, "negatives": config.negatives, "scorer": options},
+            manifest={"model": config.model, "scorer": options, **labels},
             key_column="status",
         )
 

@@ -54,7 +54,81 @@ def format_table(report: dict[str, Any]) -> str:
         f"* = {sig['test']} test vs {modes[0]}, Holm-adjusted p <= {sig['alpha']}"
     )
     lines.append(f"queries: {_queries(queries)}")
+    section = report.get("sessions")
+    if section and "metrics" in section:
+        lines.append("")
+        lines.append(f"sessions ({_session_counts(section['counts'])}):")
+        lines += _session_table(section, modes, markdown=False)
     return "\n".join(lines)
+
+
+def _session_counts(counts: dict[str, int]) -> str:
+    return (
+        f"{counts['evaluated']} evaluated of {counts['sessions']} "
+        f"({counts['searches']} searches; no gold page: {counts['no_gold_page']}, "
+        f"not scored in every mode: {counts['not_scored_in_every_mode']})"
+    )
+
+
+def _session_table(section: dict[str, Any], modes: list[str], markdown: bool) -> list[str]:
+    """Session measures per mode, ``*`` = differs from the first mode (session-paired, Holm)."""
+    measures = section["measures"]
+    marks = {
+        (row["b"], row["measure"]): "*"
+        for row in section["comparisons"]
+        if row["a"] == modes[0] and row["significant"]
+    }
+    rows = []
+    for mode in modes:
+        cells = [
+            _cell(section["metrics"][mode][m]) + marks.get((mode, m), "")
+            for m in measures
+            if m in section["metrics"][mode]
+        ]
+        rows.append((mode, cells))
+    if markdown:
+        out = ["| mode | " + " | ".join(measures) + " |", "|---" * (len(measures) + 1) + "|"]
+        out += [f"| {mode} | " + " | ".join(cells) + " |" for mode, cells in rows]
+        return out
+    out = []
+    for mode, cells in rows:
+        out.append(f"{mode:<6}" + "  ".join(f"{m}={c}" for m, c in zip(measures, cells)))
+    return out
+
+
+def session_markdown(section: dict[str, Any], modes: list[str], title: str) -> list[str]:
+    """The markdown of one session section: counts, measures, first-found, comparisons."""
+    if "metrics" not in section:
+        return ["", f"## {title}", "", f"- {section.get('note', '')}: {section['counts']}"]
+    lines = ["", f"## {title}", "", f"- sessions: {_session_counts(section['counts'])}"]
+    lines.append(
+        f"- each search returns its top {section['depth']} documents not returned earlier in "
+        "the session; tests are paired by session; * = differs from "
+        f"{modes[0]} (Holm-adjusted)"
+    )
+    lines += [""] + _session_table(section, modes, markdown=True)
+    lines += ["", "Search at which each gold page was first returned:", ""]
+    keys = sorted(
+        {k for h in section["first_found"].values() for k in h},
+        key=lambda k: (k == "never", k.zfill(4)),
+    )
+    lines.append("| mode | " + " | ".join(keys) + " |")
+    lines.append("|---" * (len(keys) + 1) + "|")
+    for mode in modes:
+        histogram = section["first_found"][mode]
+        lines.append(f"| {mode} | " + " | ".join(str(histogram.get(k, 0)) for k in keys) + " |")
+    lines += [
+        "",
+        "| measure | a | b | b - a [CI] | p | p (Holm) | sessions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in section["comparisons"]:
+        lines.append(
+            f"| {row['measure']} | {row['a']} | {row['b']} | {row['diff']:+.4f} "
+            f"[{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] | {row['p_value']:.4g} | "
+            f"{row['p_holm']:.4g} | {row['n_sessions']} |"
+        )
+    return lines
 
 
 def write_markdown(report: dict[str, Any], path: str | Path) -> None:
@@ -102,6 +176,19 @@ def write_markdown(report: dict[str, Any], path: str | Path) -> None:
             f"{row['ci_high']:+.4f}] | {row['p_value']:.4g} | {row['p_holm']:.4g} | "
             f"{'yes' if row['significant'] else 'no'} |"
         )
+    if "sessions" in report:
+        lines += session_markdown(report["sessions"], modes, "Sessions")
+    for value, group in report.get("groups", {}).items():
+        lines += ["", f"## {report['config']['group_by']} = {value}", ""]
+        if "metrics" in group:
+            lines += [f"- searches: {group['queries']}", ""]
+            lines.append("| mode | " + " | ".join(measures) + " |")
+            lines.append("|---" * (len(measures) + 1) + "|")
+            for mode in modes:
+                cells = [_cell(group["metrics"][mode][m]) for m in measures]
+                lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+        if "sessions" in group:
+            lines += session_markdown(group["sessions"], modes, f"Sessions, {value}")
     files = report["files"]
     lines += ["", "## Files", "", f"- chart: `{files['chart']}`", f"- qrels: `{files['qrels']}`"]
     lines += [f"- TREC run {mode}: `{p}`" for mode, p in files["runs"].items()]

@@ -25,7 +25,7 @@ RELABEL_OUTPUT = (
 )
 """One row per input search: a ``TRAINING_GROUPS`` row plus ``search_id``, ``status`` (``ok``
 or why no group came out: ``invalid``, ``failed_trajectory``, ``too_few_candidates``,
-``scoring_failed``) and ``error`` (null when ``ok``). Only ``ok`` rows are training groups."""
+``no_gold_candidate``, ``scoring_failed``) and ``error`` (null when ``ok``). Only ``ok`` rows are training groups."""
 
 LABELER_INSTRUCTION = (
     "Given a search query issued during a research session, the original question, its gold "
@@ -119,21 +119,36 @@ def rerank_rows(
     return [out for mode in modes for out in rerank_mode(scorer, parsed, mode, top_k)]
 
 
-def labeler_context(search: Search) -> AgentContext:
+NEGATIVES_FROM = ("bottom", "hard")
+
+
+def labeler_context(search: Search, supporting_titles: Sequence[str] | None = None) -> AgentContext:
     """What the labeler reads: the agent's sub-query and reasoning, and in the question block
-    the original question, the gold answer and the supporting documents' texts (those among
-    the candidates, in candidate order). Fields absent from the row are left out."""
-    supporting = set(search.supporting_docs or ())
-    texts = [c.text for c in search.candidates if c.doc_id in supporting]
+    the original question, the gold answer and either the supporting pages' titles (when given)
+    or the supporting documents' texts (those among the candidates, in candidate order). Fields
+    absent from the row are left out."""
     parts = [search.context.question or ""]
     if search.answer and search.answer.strip():
         parts.append(f"#Gold Answer: {search.answer}")
-    if texts:
-        parts.append(
-            "#Supporting Documents:\n" + "\n".join(f"[{k}] {t}" for k, t in enumerate(texts, 1))
-        )
+    if supporting_titles:
+        parts.append("#Supporting Titles: " + "; ".join(supporting_titles))
+    else:
+        supporting = set(search.supporting_docs or ())
+        texts = [c.text for c in search.candidates if c.doc_id in supporting]
+        if texts:
+            parts.append(
+                "#Supporting Documents:\n" + "\n".join(f"[{k}] {t}" for k, t in enumerate(texts, 1))
+            )
     question = "\n".join(p for p in parts if p.strip()) or None
     return AgentContext(search.context.sub_query, question, search.context.reasoning)
+
+
+def _titles(row: Mapping[str, Any]) -> list[str] | None:
+    value = row.get("supporting_titles") if isinstance(row, Mapping) else None
+    if value is None or isinstance(value, str | float):
+        return None
+    titles = [str(t) for t in value if isinstance(t, str) and t.strip()]
+    return titles or None
 
 
 def _doc(search: Search, index: int) -> dict[str, str]:
@@ -146,11 +161,11 @@ def _relabel_row(
     search: Search | None,
     status: str,
     error: str | None = None,
-    order: np.ndarray | None = None,
-    negatives: int = 0,
+    positive: int | None = None,
+    negatives: Sequence[int] = (),
 ) -> dict[str, Any]:
     context = search.context if search is not None else None
-    ok = status == "ok" and order is not None and search is not None
+    ok = status == "ok" and positive is not None and search is not None
     return {
         "search_id": search_id,
         "group_id": search_id,
@@ -158,42 +173,89 @@ def _relabel_row(
         "sub_query": context.sub_query if context else None,
         "question": context.question if context else None,
         "reasoning": context.reasoning if context else None,
-        "positive": _doc(search, int(order[0])) if ok else None,
-        "negatives": [_doc(search, int(i)) for i in order[-negatives:]] if ok else [],
+        "positive": _doc(search, positive) if ok else None,
+        "negatives": [_doc(search, int(i)) for i in negatives] if ok else [],
         "status": status,
         "error": error,
     }
 
 
+def _choose(
+    order: np.ndarray, search: Search, negatives: int, gold_aware: bool, negatives_from: str
+) -> tuple[int, list[int]]:
+    """(positive, negatives) candidate indices from the labeler's order (best first)."""
+    if gold_aware:
+        labels = [c.relevance for c in search.candidates]
+        gold = [int(i) for i in order if (labels[i] or 0) > 0]
+        pool = [int(i) for i in order if labels[i] is not None and labels[i] <= 0]
+        positive = gold[0]
+    else:
+        positive, pool = int(order[0]), [int(i) for i in order[1:]]
+    chosen = pool[:negatives] if negatives_from == "hard" else pool[-negatives:]
+    return positive, chosen
+
+
+def _unusable(search: Search, negatives: int, gold_aware: bool, keep_failed: bool):
+    """``(status, message)`` when the search cannot make a group, else None."""
+    sid = search.search_id
+    if search.judge_ok is False and not keep_failed:
+        return "failed_trajectory", f"search_id={sid}: judge_ok is False (failed trajectory)"
+    if gold_aware:
+        labels = [c.relevance for c in search.candidates]
+        if not any((r or 0) > 0 for r in labels):
+            return "no_gold_candidate", f"search_id={sid}: no candidate has relevance > 0"
+        pool = sum(r is not None and r <= 0 for r in labels)
+        if pool < negatives:
+            message = (
+                f"search_id={sid}: {pool} judged non-gold candidates, a group needs {negatives}"
+            )
+            return "too_few_candidates", message
+    elif len(search.candidates) < negatives + 1:
+        message = (
+            f"search_id={sid}: candidates has {len(search.candidates)} entries, "
+            f"a group needs {negatives + 1}"
+        )
+        return "too_few_candidates", message
+    return None
+
+
 def relabel_rows(
-    scorer: Scorer, rows: Sequence[Mapping[str, Any]], negatives: int = 7
+    scorer: Scorer,
+    rows: Sequence[Mapping[str, Any]],
+    negatives: int = 7,
+    *,
+    gold_aware: bool = False,
+    negatives_from: str = "bottom",
+    keep_failed: bool = False,
 ) -> list[dict[str, Any]]:
     """``RELABEL_OUTPUT`` rows, one per input row, in input order.
 
-    The labeler scores each usable search's candidates in :func:`labeler_context`; the best
-    becomes the positive, the ``negatives`` worst the negatives (worst last; ties keep input
-    order). ``judge_ok == False`` -> ``failed_trajectory``; fewer than ``negatives + 1``
-    candidates -> ``too_few_candidates``.
+    The labeler scores each usable search's candidates in :func:`labeler_context` (with the
+    row's ``supporting_titles`` when it has them) and orders them best first (ties keep input
+    order). Without ``gold_aware`` the best becomes the positive and the negatives come from the
+    rest; with ``gold_aware`` the positive is the labeler's best candidate of relevance > 0 (a
+    gold page) and the negatives come from the judged non-gold candidates (relevance <= 0), so no
+    negative is gold. ``negatives_from``: ``bottom`` takes the labeler's worst ``negatives``
+    (worst last; the paper's choice), ``hard`` its best-ranked ones (hard negatives).
+    ``judge_ok == False`` -> ``failed_trajectory`` unless ``keep_failed``; no gold candidate
+    (``gold_aware``) -> ``no_gold_candidate``; too few negatives -> ``too_few_candidates``.
     """
     if negatives < 1:
         raise ValueError(f"negatives must be >= 1, got {negatives}")
+    if negatives_from not in NEGATIVES_FROM:
+        raise ValueError(f"negatives_from must be one of {NEGATIVES_FROM}, got {negatives_from!r}")
     out: list[dict[str, Any] | None] = [None] * len(rows)
     ready: list[tuple[int, Search]] = []
     for i, (ident, item) in enumerate(parse_rows(rows)):
         if isinstance(item, RowError):
             out[i] = _relabel_row(ident, None, "invalid", str(item))
-        elif item.judge_ok is False:
-            message = f"search_id={item.search_id}: judge_ok is False (failed trajectory)"
-            out[i] = _relabel_row(item.search_id, item, "failed_trajectory", message)
-        elif len(item.candidates) < negatives + 1:
-            message = (
-                f"search_id={item.search_id}: candidates has {len(item.candidates)} entries, "
-                f"a group needs {negatives + 1}"
-            )
-            out[i] = _relabel_row(item.search_id, item, "too_few_candidates", message)
+        elif (problem := _unusable(item, negatives, gold_aware, keep_failed)) is not None:
+            out[i] = _relabel_row(item.search_id, item, *problem)
         else:
             ready.append((i, item))
-    items = [(labeler_context(s), [c.text for c in s.candidates]) for _, s in ready]
+    items = [
+        (labeler_context(s, _titles(rows[i])), [c.text for c in s.candidates]) for i, s in ready
+    ]
     for (i, search), scores in zip(ready, score_isolated(scorer, items, "auto")):
         if isinstance(scores, Exception):
             message = _failure(search.search_id, scores)
@@ -203,5 +265,6 @@ def relabel_rows(
             out[i] = _relabel_row(search.search_id, search, "scoring_failed", message)
         else:
             order = np.argsort(-scores, kind="stable")
-            out[i] = _relabel_row(search.search_id, search, "ok", None, order, negatives)
+            positive, chosen = _choose(order, search, negatives, gold_aware, negatives_from)
+            out[i] = _relabel_row(search.search_id, search, "ok", None, positive, chosen)
     return out  # type: ignore[return-value]

