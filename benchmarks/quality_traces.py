@@ -195,6 +195,39 @@ def context_cost(model: str, test_path: Path, n: int, threads: int) -> dict:
     return {"searches": n, "threads": threads, "model": model, "by_mode": out}
 
 
+def first_stage_baselines(test_path: Path, resamples: int) -> dict:
+    """No reranker: the BM25 order, and the agent's own retriever order (its 5 passages first,
+    then BM25), through the same per-search measures and session replay."""
+    from acare_ray.metrics import bootstrap_ci, evaluate
+    from acare_ray.offline.session_eval import load_sessions, session_section
+
+    rows = read_parquet(test_path).to_pylist()
+    qrels = {r["search_id"]: {c["doc_id"]: c["relevance"] for c in r["candidates"]} for r in rows}
+    runs = {"bm25": {}, "agent": {}}
+    for r in rows:
+        bm25 = {c["doc_id"]: c["first_stage_score"] or 0.0 for c in r["candidates"]}
+        runs["bm25"][r["search_id"]] = bm25
+        runs["agent"][r["search_id"]] = {
+            d: (1e6 - c["agent_rank"]) if c["agent_rank"] is not None else bm25[d]
+            for d, c in ((c["doc_id"], c) for c in r["candidates"])
+        }
+    qids = sorted(q for q, judged in qrels.items() if any(judged.values()))
+    chosen = {q: qrels[q] for q in qids}
+    per_query = {name: evaluate(chosen, run, MEASURES).per_query for name, run in runs.items()}
+    metrics = {
+        name: {
+            m: dict(
+                zip(("mean", "ci_low", "ci_high"), bootstrap_ci(list(v[m].values()), resamples))
+            )
+            for m in MEASURES
+        }
+        for name, v in per_query.items()
+    }
+    data = load_sessions(str(test_path), "agent")
+    sessions = session_section(data, runs, per_query, list(runs), n_resamples=resamples)
+    return {"metrics": metrics, "sessions": sessions["metrics"], "counts": sessions["counts"]}
+
+
 def _summary(report: dict) -> dict:
     """The figures shown in the tables: per-search and session measures, all and per agent."""
 
@@ -263,6 +296,20 @@ def markdown(result: dict) -> str:
                     f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}] | {t['p_value']:.4f} | "
                     f"{t['p_holm']:.4f} | {t['n_sessions']} |"
                 )
+    baselines = result.get("baselines")
+    if baselines:
+        lines += ["", "First-stage orders, no reranker (both agents):", ""]
+        lines.append(
+            "| order | nDCG@10 | Recall@10 | session recall | session recall (mean) | useful@10 |"
+        )
+        lines.append("|---|---|---|---|---|---|")
+        for name in baselines["metrics"]:
+            values = {**baselines["metrics"][name], **baselines["sessions"][name]}
+            cells = [
+                f"{values[m]['mean']:.3f} [{values[m]['ci_low']:.3f}, {values[m]['ci_high']:.3f}]"
+                for m in SHOWN
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     cost = result.get("cost")
     if cost:
         lines += [
@@ -384,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "relabel": relabels,
         "training": trainings,
         "recipes": {name: _summary(report) for name, report in reports.items()},
+        "baselines": first_stage_baselines(test_path, args.resamples),
         "cost": cost,
         "seconds": time.perf_counter() - started,
     }

@@ -131,6 +131,22 @@ class JobCounts:
         return text
 
 
+def job_env_vars() -> dict[str, str]:
+    """The env vars of the runtime env this driver was submitted with (``ray job submit``),
+    else empty. ``ray.init`` refuses a runtime env that sets one of the job's keys again."""
+    import json
+    import os
+
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return {}
+    try:
+        runtime_env = json.loads(raw).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return dict(runtime_env.get("env_vars") or {})
+
+
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[None]:
     """Use the connected Ray; else connect to ``address`` (None: ``RAY_ADDRESS`` or a new
@@ -140,7 +156,8 @@ def ray_session(address: str | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(address=address, runtime_env={"env_vars": WORKER_ENV})
+    env = {k: v for k, v in WORKER_ENV.items() if k not in job_env_vars()}
+    ray.init(address=address, runtime_env={"env_vars": env} if env else None)
     try:
         yield
     finally:

@@ -41,3 +41,18 @@ def test_bad_flags_exit_2_with_a_message(capsys, tmp_path):
     )
     assert code == 2
     assert "actors: need 1 <= MIN <= MAX, got MIN=3, MAX=1" in capsys.readouterr().err
+
+
+def test_a_submitted_job_does_not_set_its_runtime_env_keys_again(monkeypatch):
+    """Regression: `ray job submit --runtime-env jobs/rerank.yaml` exited 2 because ray.init
+    set the same env var keys as the job ("Failed to merge the Job's runtime env")."""
+    import json
+
+    from acare_ray.offline.job import WORKER_ENV, job_env_vars
+
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert job_env_vars() == {}
+    job = {"runtime_env": {"env_vars": dict(WORKER_ENV)}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    assert job_env_vars() == WORKER_ENV
+    assert {k: v for k, v in WORKER_ENV.items() if k not in job_env_vars()} == {}
