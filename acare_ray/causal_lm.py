@@ -1,6 +1,6 @@
 """Causal-LM yes/no scoring with a shared prefix (Qwen3-Reranker and ACARe checkpoints).
 
-score = logit("yes") - logit("no") at the last real position (DESIGN section 2).
+score = logit("yes") - logit("no") at the last real position (docs/architecture.md, section 2).
 
 :class:`PrefixSharedYesNo` runs the decoder layers of a Hugging Face Llama-family causal LM
 (Qwen3, Qwen2, Llama, Mistral) itself, in two passes:

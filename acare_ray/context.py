@@ -2,7 +2,7 @@
 
 An :class:`AgentContext` carries the sub-query the agent sent plus, optionally, the original
 question of the session and the agent's current reasoning. A :class:`Mode` says which of those
-fields the reranker reads (DESIGN section 2):
+fields the reranker reads (docs/architecture.md, section 3):
 
 ==== ============ ==========================
 mode alias        fields
@@ -139,7 +139,7 @@ def _uniform(seed: int, epoch: int, field: str, group_id: str) -> float:
 
 @dataclass(frozen=True)
 class FieldDropout:
-    """Per-group context dropout for training (DESIGN section 7).
+    """Per-group context dropout for training (docs/architecture.md, section 5.3).
 
     Each optional field is dropped independently with its probability. The draw is a hash of
     (seed, epoch, field, group id), so a rerun repeats it exactly and no RNG state is shared

@@ -2,9 +2,9 @@
 
 A pair is (rendered context block, document): the text inside ``<Query>:`` for the mode (so the
 four modes mean the same thing as for the causal backend) and the document, truncated from the
-document side. The single output logit is the score (log-odds, DESIGN section 2). There is no
-prefix to share in a bidirectional encoder, so candidates of all searches are batched together
-by token budget.
+document side. The single output logit is the score (log-odds, docs/architecture.md section
+2). There is no prefix to share in a bidirectional encoder, so candidates of all searches are
+batched together by token budget.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Localized contrastive estimation (LCE) loss: a softmax over each group of candidates.
 
 A training group is one positive document followed by its negatives, all scored against the
-same prompt (DESIGN section 7). Scores are the raw log-odds of the scoring contract
+same prompt (docs/architecture.md, section 5.3). Scores are the raw log-odds of the scoring contract
 (``logit("yes") - logit("no")``); the temperature lives here and nowhere else.
 
 ``loss = mean over groups of -log softmax(scores[g] / T)[0]``

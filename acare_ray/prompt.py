@@ -1,4 +1,6 @@
-"""Prompt templates and token assembly for the Qwen3-Reranker yes/no format (DESIGN section 2).
+"""Prompt templates and token assembly for the Qwen3-Reranker yes/no format.
+
+The layout is described in docs/architecture.md, section 3.
 
 The templates are data: one table of query blocks and default instructions per mode. Everything
 up to and including ``<Document>:`` depends only on the search, never on the candidate, so it is

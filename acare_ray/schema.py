@@ -1,4 +1,6 @@
-"""Arrow schemas of the three tables (DESIGN section 4) and row validation for the offline jobs.
+"""Arrow schemas of the three tables and row validation for the offline jobs.
+
+The tables are described in docs/architecture.md, section 4.
 
 Rows reach the validators from Ray Data batches, so a row is any mapping whose values may be
 Python objects (``pyarrow.Table.to_pylist``), numpy arrays / numpy scalars, or pandas' ``NaN``

@@ -1,9 +1,10 @@
 """The one scoring core: ``Scorer.score`` / ``score_many`` / ``rank`` / ``render``.
 
-Score contract (DESIGN section 2), stated once and referred to everywhere else: a score is the
-raw log-odds of relevance, ``logit("yes") - logit("no")`` for causal-LM rerankers and the single
-logit for sequence-classification cross-encoders, float32. Sigmoid is applied only where an API
-promises a 0..1 ``relevance_score``; a temperature appears only inside the loss.
+Score contract (docs/architecture.md, section 2), stated once and referred to everywhere else:
+a score is the raw log-odds of relevance, ``logit("yes") - logit("no")`` for causal-LM rerankers
+and the single logit for sequence-classification cross-encoders, float32. Sigmoid is applied
+only where an API promises a 0..1 ``relevance_score``; a temperature appears only inside the
+loss.
 
 Backends: :mod:`acare_ray.causal_lm` (shared-prefix KV reuse, last-token two-row head) and
 :mod:`acare_ray.cross_encoder`. Both batch candidates by a token budget (:func:`plan_batches`).

@@ -2,6 +2,8 @@
 
 These machines cannot download weights, so tests build a tiny random Qwen3, save it with
 ``save_pretrained`` and load it back through the same ``Scorer.from_pretrained`` users run.
+The tokenizer and the real models' ``config.json`` files are fixtures of the repository
+(``tests/fixtures/``, each folder with a SOURCE.md), so this module needs a source checkout.
 """
 
 from __future__ import annotations
@@ -12,13 +14,30 @@ from typing import Any
 
 import torch
 
-from acare_ray.data.io import shared_dir
+__all__ = ["build_random_qwen3", "fixture_path", "model_config_path", "qwen3_tokenizer_dir"]
 
-__all__ = ["build_random_qwen3", "qwen3_tokenizer_dir", "shared_dir"]
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+
+
+def fixture_path(*parts: str) -> Path:
+    """``tests/fixtures/<parts...>`` of the repository; FileNotFoundError when it is not there."""
+    path = FIXTURES.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"test fixture {path} not found: acare_ray.testing needs a source checkout of the "
+            "repository (its tests/fixtures folder), not an installed package alone"
+        )
+    return path
 
 
 def qwen3_tokenizer_dir() -> Path:
-    return shared_dir() / "models" / "qwen3-tokenizer"
+    """The real Qwen3 tokenizer (``tests/fixtures/qwen3_tokenizer``)."""
+    return fixture_path("qwen3_tokenizer")
+
+
+def model_config_path(name: str) -> Path:
+    """``config.json`` of a real model by folder name, e.g. ``Qwen3-Reranker-0.6B``."""
+    return fixture_path("model_configs", name, "config.json")
 
 
 TINY_QWEN3 = dict(
@@ -42,17 +61,15 @@ def build_random_qwen3(
 ) -> Path:
     """Save a random-weight Qwen3ForCausalLM + the real tokenizer to ``out_dir``.
 
-    ``base_config``: a folder name under ``shared/models/configs`` (e.g. ``Qwen3-Reranker-0.6B``)
-    whose shapes to use; otherwise the tiny shapes above. ``overrides`` change config fields
-    (``num_hidden_layers=4`` for a shallower model of real width).
+    ``base_config``: a folder name under ``tests/fixtures/model_configs`` (e.g.
+    ``Qwen3-Reranker-0.6B``) whose shapes to use; otherwise the tiny shapes above. ``overrides``
+    change config fields (``num_hidden_layers=4`` for a shallower model of real width).
     """
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
     if base_config:
-        fields = json.loads(
-            (shared_dir() / "models" / "configs" / base_config / "config.json").read_text()
-        )
+        fields = json.loads(model_config_path(base_config).read_text())
         fields = {
             k: v
             for k, v in fields.items()

@@ -352,7 +352,11 @@ def write(report: dict, out: Path, label: str) -> tuple[Path, Path]:
 def parse_args(argv: list[str] | None = None) -> BenchConfig:
     d = BenchConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=d.model, help="'tiny', a shared config name, or a path")
+    p.add_argument(
+        "--model",
+        default=d.model,
+        help="'tiny', a config under tests/fixtures/model_configs, or a path",
+    )
     p.add_argument("--layers", type=int, default=d.layers, help="override the layer count")
     p.add_argument("--device", default=d.device)
     p.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16"])

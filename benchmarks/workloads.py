@@ -4,7 +4,7 @@
   BM25 top-100 paragraphs from the pooled corpus as candidates (``musique_searches("open")``).
   The reasoning is **synthetic**: notes quoting paragraphs of other questions, then the
   converter's synthetic trace, long enough that the 512-token reasoning cap applies. Sentences
-  containing the current step's answer are left out (DESIGN section 9).
+  containing the current step's answer are left out (as in :mod:`acare_ray.data.musique`).
 - :func:`fixed_workload`: prompts of exact token lengths (a shared prefix of ``prefix_tokens``
   in mode M3, documents of ``doc_tokens``), built from words that are one Qwen3 token each, for
   model-FLOPs utilisation figures where every length must be known.

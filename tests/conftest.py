@@ -1,4 +1,5 @@
-"""Session fixtures shared by every test module: the tiny random Qwen3 and the MiniLM backbone."""
+"""Session fixtures shared by every test module: the tiny random Qwen3, the MiniLM backbone, a
+local Ray cluster, and ``require_data`` for tests that read a dataset outside the repository."""
 
 from __future__ import annotations
 
@@ -11,6 +12,26 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def require_data(path: Path) -> Path:
+    """``path`` (a dataset under ``acare_ray.data.io.data_dir()``) when it exists.
+
+    Otherwise the test is skipped with a reason naming ACARE_DATA_DIR, or fails when the
+    environment variable CI is set (CI must not pass by skipping the real-data tests).
+    """
+    if path.exists():
+        return path
+    message = f"dataset not found at {path} (set ACARE_DATA_DIR to the folder of the datasets)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session", name="require_data")
+def require_data_fixture():
+    """:func:`require_data`, for test modules (``require_data(data_dir() / "musique")``)."""
+    return require_data
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from acare_ray.context import AgentContext, Mode
+from acare_ray.data.io import data_dir
 from acare_ray.prompt import FieldCaps, PromptConfig, PromptEncoder, render
-from acare_ray.testing import qwen3_tokenizer_dir, shared_dir
+from acare_ray.testing import qwen3_tokenizer_dir
 
 # The official recipe (QwenLM/Qwen3-Embedding, examples/qwen3_reranker_transformers.py), verbatim.
 OFFICIAL_PREFIX = (
@@ -27,8 +28,8 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def paragraphs() -> list[str]:
-    root = shared_dir() / "data" / "musique"
+def paragraphs(require_data) -> list[str]:
+    root = require_data(data_dir() / "musique")
     records = [json.loads(line) for line in (root / "AdelWang_MIGRES" / "musique.json").open()]
     records += json.loads((root / "OSU-NLP-Group_HippoRAG" / "musique_train.json").read_text())
     texts = [p["paragraph_text"] for r in records for p in r["paragraphs"]]

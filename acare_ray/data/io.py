@@ -1,9 +1,10 @@
-"""Where the shared data lives, and Parquet / JSONL helpers."""
+"""Where the datasets live (``data_dir()``), and Parquet / JSONL helpers."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,15 +12,29 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SHARED_ENV = "ACARE_SHARED"
+DATA_ENV = "ACARE_DATA_DIR"
+
+
+def data_dir() -> Path:
+    """The folder that holds the datasets (``musique/``, ``agent_traces/``; not in the repository).
+
+    ``$ACARE_DATA_DIR`` when set, else ``<repository root>/../shared/data``.
+    """
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def shared_dir() -> Path:
-    """``$ACARE_SHARED``, else ``<repo>/../shared`` (the sibling of the repository root)."""
-    env = os.environ.get(SHARED_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
+    """Deprecated: use :func:`data_dir`. The parent of ``data_dir()``, for old callers that join
+    ``"data"`` to it (right only while ``data_dir()`` is named ``data``, as the default is)."""
+    warnings.warn(
+        "acare_ray.data.io.shared_dir() is deprecated; use data_dir() (set ACARE_DATA_DIR)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return data_dir().parent
 
 
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:

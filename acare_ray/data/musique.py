@@ -1,4 +1,4 @@
-"""MuSiQue (CC BY 4.0; ``<shared>/data/musique``, see its SOURCE.md) -> agent searches.
+"""MuSiQue (CC BY 4.0; ``<data_dir>/musique``, see its SOURCE.md) -> agent searches.
 
 One search per decomposition step. Conventions of this converter:
 
@@ -27,13 +27,13 @@ from typing import Any
 import pyarrow as pa
 
 from acare_ray.data.bm25 import BM25Index
-from acare_ray.data.io import shared_dir as default_shared_dir
+from acare_ray.data.io import data_dir as default_data_dir
 from acare_ray.data.io import write_parquet
 from acare_ray.schema import SEARCHES
 
 log = logging.getLogger(__name__)
 
-# (path under data/musique, JSON lines?, split)
+# (path under <data_dir>/musique, JSON lines?, split)
 FILES = (
     ("AdelWang_MIGRES/musique.json", True, "dev"),
     ("zirconiumnmlee_TCA/musique_dev_200.json", False, "dev"),
@@ -49,15 +49,17 @@ RECALL_KEY = b"acare.bm25_recall"
 _REF = re.compile(r"#(\d+)")
 
 
-def load_musique(shared_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+def load_musique(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     """The unique MuSiQue records with paragraphs (649 here), each with an added ``split``.
+
+    Read from ``<data_dir>/musique`` (default: :func:`acare_ray.data.io.data_dir`).
 
     Records are deduplicated by ``id``; two different records with one id raise ValueError.
     """
-    root = Path(shared_dir) if shared_dir is not None else default_shared_dir()
+    root = (Path(data_dir) if data_dir is not None else default_data_dir()) / "musique"
     records: dict[str, dict[str, Any]] = {}
     for name, jsonl, split in FILES:
-        path = root / "data" / "musique" / name
+        path = root / name
         with open(path, encoding="utf-8") as f:
             items = [json.loads(line) for line in f if line.strip()] if jsonl else json.load(f)
         for record in items:
@@ -191,7 +193,7 @@ def _open_rows(rows: list[dict[str, Any]], k: int) -> tuple[list[dict[str, Any]]
 
 def musique_searches(
     setting: str = "distractor",
-    shared_dir: str | os.PathLike | None = None,
+    data_dir: str | os.PathLike | None = None,
     *,
     k: int = 100,
     records: list[dict[str, Any]] | None = None,
@@ -203,7 +205,7 @@ def musique_searches(
     """
     if setting not in ("distractor", "open"):
         raise ValueError(f"setting must be 'distractor' or 'open', got {setting!r}")
-    records = load_musique(shared_dir) if records is None else records
+    records = load_musique(data_dir) if records is None else records
     rows = [row for record in records for row in _distractor_rows(record)]
     schema = MUSIQUE_SEARCHES
     if setting == "open":
@@ -216,7 +218,7 @@ def musique_searches(
 def write_musique(
     path: str | os.PathLike,
     setting: str = "distractor",
-    shared_dir: str | os.PathLike | None = None,
+    data_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Convert and write one Parquet file; returns its path."""
-    return write_parquet(musique_searches(setting, shared_dir), path)
+    return write_parquet(musique_searches(setting, data_dir), path)

@@ -1,4 +1,4 @@
-"""Offline jobs on Ray Data (DESIGN section 5): rerank, relabel and evaluate over Parquet.
+"""Offline jobs on Ray Data: rerank, relabel and evaluate over Parquet (docs/architecture.md 5.1).
 
 Each job is a config dataclass and a ``run(config)``; the Ray Data actors are thin wrappers
 around :class:`~acare_ray.scorer.Scorer` (``actor.py``) and the per-batch work is plain Python

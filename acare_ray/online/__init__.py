@@ -1,4 +1,4 @@
-"""Online serving on Ray Serve (DESIGN section 6).
+"""Online serving on Ray Serve (docs/architecture.md, section 5.2).
 
 - :mod:`~acare_ray.online.service`: the work, free of HTTP and Ray (validation, truncation,
   token accounting, batch scoring);

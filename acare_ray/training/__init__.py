@@ -1,4 +1,7 @@
-"""LCE fine-tuning as a Ray Train job (DESIGN section 7): ``run(TrainConfig) -> checkpoint``."""
+"""LCE fine-tuning as a Ray Train job: ``run(TrainConfig) -> checkpoint``.
+
+See docs/architecture.md, section 5.3.
+"""
 
 from acare_ray.training.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""``TrainConfig``: every setting of an LCE fine-tuning run, frozen (DESIGN section 7).
+"""``TrainConfig``: every setting of an LCE fine-tuning run, frozen (docs/architecture.md, 5.3).
 
 One optimizer step consumes ``batch_groups x grad_accum x workers`` groups (the global batch).
 Steps per epoch = ``train groups // global batch`` (a short last batch is dropped so every

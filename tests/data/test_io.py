@@ -1,9 +1,19 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
-from acare_ray.data.io import read_jsonl, read_parquet, shared_dir, write_jsonl, write_parquet
+from acare_ray.data import io
+from acare_ray.data.io import (
+    data_dir,
+    read_jsonl,
+    read_parquet,
+    shared_dir,
+    write_jsonl,
+    write_parquet,
+)
 from acare_ray.data.synthetic import synthetic_searches
 from acare_ray.schema import SEARCHES
 
@@ -39,8 +49,14 @@ def test_jsonl_round_trip_and_bad_line_number(tmp_path):
         list(read_jsonl(tmp_path / "bad.jsonl"))
 
 
-def test_shared_dir_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("ACARE_SHARED", str(tmp_path))
-    assert shared_dir() == tmp_path
-    monkeypatch.delenv("ACARE_SHARED")
-    assert shared_dir().name == "shared"
+def test_data_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACARE_DATA_DIR", str(tmp_path))
+    assert data_dir() == tmp_path
+    monkeypatch.delenv("ACARE_DATA_DIR")
+    assert data_dir() == Path(io.__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def test_shared_dir_is_a_deprecated_alias_of_the_data_dir_parent(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACARE_DATA_DIR", str(tmp_path / "data"))
+    with pytest.warns(DeprecationWarning, match="data_dir"):
+        assert shared_dir() / "data" == data_dir()

@@ -7,12 +7,14 @@ import pytest
 
 from acare_ray.data import musique
 from acare_ray.data.groups import group_stats, searches_to_groups
-from acare_ray.data.io import shared_dir
+from acare_ray.data.io import data_dir
 from acare_ray.schema import parse_search
 
-pytestmark = pytest.mark.skipif(
-    not (shared_dir() / "data" / "musique").is_dir(), reason="shared MuSiQue data not present"
-)
+
+@pytest.fixture(scope="module", autouse=True)
+def musique_dir(require_data):
+    """Every test here reads the MuSiQue files under ACARE_DATA_DIR."""
+    return require_data(data_dir() / "musique")
 
 
 @pytest.fixture(scope="module")
@@ -116,13 +118,11 @@ def test_synthetic_reasoning_drops_a_sentence_that_would_reveal_the_answer():
     assert "stanley" not in reasoning.lower() and reasoning
 
 
-def test_conflicting_copies_of_one_question_raise(tmp_path):
-    root = tmp_path / "data" / "musique"
+def test_conflicting_copies_of_one_question_raise(tmp_path, musique_dir):
+    root = tmp_path / "musique"
     for name, _, _ in musique.FILES:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-    record = json.loads(
-        (shared_dir() / "data/musique" / musique.FILES[0][0]).read_text().split("\n")[0]
-    )
+    record = json.loads((musique_dir / musique.FILES[0][0]).read_text().split("\n")[0])
     (root / musique.FILES[0][0]).write_text(json.dumps(record) + "\n")
     changed = {**record, "answer": "something else"}
     for name, _, _ in musique.FILES[1:]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from acare_ray.data.io import shared_dir
+from acare_ray.data.io import data_dir
 from acare_ray.data.traces import (
     build_searches,
     import_traces,
@@ -19,7 +19,7 @@ from acare_ray.data.traces import (
     write_generic,
 )
 
-TRACES = shared_dir() / "data" / "agent_traces"
+TRACES = data_dir() / "agent_traces"
 QWEN = TRACES / "r1-searcher" / "hotpotqa_qwen.jsonl"
 LLAMA = TRACES / "r1-searcher" / "hotpotqa_llama.jsonl"
 GOLD = TRACES / "hotpotqa_gold.jsonl"

@@ -1,6 +1,6 @@
 """Helpers for the infra tests: repository paths, manifests, KubeRay CRD schemas, the Dockerfile.
 
-The CRD schemas come from ``<shared>/schemas/kuberay`` (KubeRay v1.7.0, see its SOURCE.md). They
+The CRD schemas come from ``tests/fixtures/kuberay_crds`` (KubeRay v1.7.0, see its SOURCE.md). They
 are applied the way the Kubernetes API server applies a structural schema under strict field
 validation (``kubectl apply``'s default): an object with declared ``properties`` accepts no other
 keys, ``nullable: true`` admits null, and ``x-kubernetes-list-map-keys`` lists have unique keys.
@@ -19,12 +19,11 @@ from typing import Any
 import yaml
 from jsonschema import Draft4Validator, ValidationError, validators
 
-from acare_ray.data.io import shared_dir
-
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 KUBERAY = INFRA / "kuberay"
 DOCKERFILE = INFRA / "docker" / "Dockerfile"
+CRDS = REPO / "tests" / "fixtures" / "kuberay_crds"
 CRD_FILES = {
     "RayCluster": "ray.io_rayclusters.yaml",
     "RayService": "ray.io_rayservices.yaml",
@@ -101,10 +100,10 @@ KubernetesValidator = validators.extend(
 
 
 def crd_schema(kind: str, version: str = "v1") -> dict[str, Any]:
-    """The ``openAPIV3Schema`` of ``kind`` at ``version`` from the shared KubeRay CRDs."""
-    path = shared_dir() / "schemas" / "kuberay" / CRD_FILES[kind]
+    """The ``openAPIV3Schema`` of ``kind`` at ``version`` from the KubeRay CRD fixtures."""
+    path = CRDS / CRD_FILES[kind]
     if not path.is_file():
-        raise FileNotFoundError(f"KubeRay CRD for {kind} not found at {path} (set ACARE_SHARED?)")
+        raise FileNotFoundError(f"KubeRay CRD for {kind} not found at {path}")
     (crd,) = load_yaml_documents(path)
     if crd["spec"]["names"]["kind"] != kind:
         raise ValueError(f"{path} defines {crd['spec']['names']['kind']}, not {kind}")

@@ -12,11 +12,11 @@ import pytest
 from offline_support import read_rows
 
 from acare_ray.cli import main
-from acare_ray.data.io import read_parquet, shared_dir
+from acare_ray.data.io import data_dir, read_parquet
 from acare_ray.sessions import SessionSearch, replay_session
 
 pytestmark = pytest.mark.slow
-TRACES = shared_dir() / "data" / "agent_traces"
+TRACES = data_dir() / "agent_traces"
 
 
 @pytest.fixture(scope="module")
