@@ -1,6 +1,6 @@
 """Real-agent quality run: does the agent's context make a reranker's top 10 more useful?
 
-The searches are real R1-Searcher trajectories on HotpotQA (``<data>/agent_traces``, two agents,
+The searches are real R1-Searcher trajectories on HotpotQA (``$ACARE_DATA_DIR/agent_traces``, two agents,
 the same 302 questions), imported with :func:`acare_ray.data.traces.import_traces`: the agent's
 own query and the reasoning it wrote before it, candidates = the agent's 5 returned passages
 plus BM25 top-``k`` over the pooled passages, labels = the question's gold supporting pages.
@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from report import dump_json
 
-from acare_ray.data.io import read_parquet, shared_dir, write_parquet
+from acare_ray.data.io import data_dir, read_parquet, write_parquet
 from acare_ray.data.traces import import_traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +331,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traces", default=str(shared_dir() / "data" / "agent_traces"))
+    parser.add_argument("--traces", default=str(data_dir() / "agent_traces"))
     parser.add_argument("--k", type=int, default=20, help="BM25 candidates per search")
     parser.add_argument("--test-questions", type=int, default=60)
     parser.add_argument("--label-questions", type=int, default=140, help="training questions")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,8 @@ GOLD = TRACES / "hotpotqa_gold.jsonl"
 
 
 @pytest.fixture(scope="module")
-def traces_dir() -> Path:
-    if not QWEN.is_file():
-        message = f"agent traces not found under {TRACES} (set ACARE_SHARED)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+def traces_dir(require_data) -> Path:
+    require_data(QWEN)
     return TRACES
 
 

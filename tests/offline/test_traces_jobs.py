@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -20,13 +19,9 @@ TRACES = data_dir() / "agent_traces"
 
 
 @pytest.fixture(scope="module")
-def searches(tmp_path_factory) -> Path:
+def searches(tmp_path_factory, require_data) -> Path:
     """The first 8 trajectories of each agent, imported with BM25 top-10."""
-    if not TRACES.is_dir():
-        message = f"agent traces not found under {TRACES} (set ACARE_SHARED)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_data(TRACES)
     folder = tmp_path_factory.mktemp("traces")
     inputs = []
     for agent in ("qwen", "llama"):
