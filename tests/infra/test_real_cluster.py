@@ -1,0 +1,168 @@
+"""The README's "any Ray cluster" path for real: ``ray start --head`` plus a second node with
+``ray start --address``, then ``ray job submit --runtime-env jobs/<job>.yaml -- acare ...``.
+
+Regression: the offline jobs exited 2 under ``ray job submit`` ("Failed to merge the Job's
+runtime env ... with a ray.init's runtime env") because the driver set the job's env var keys
+again. Ray 2.60's ``ray start --head`` turns on token auth; the CLIs then need
+``RAY_AUTH_MODE=token`` (docs/cluster.md). The cluster gets its own temp dir and ports, and is
+torn down by the processes it started (never ``ray stop``, which would stop every cluster on
+the host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pytest
+
+from acare_ray.data.io import write_parquet
+from acare_ray.data.synthetic import synthetic_searches
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _ports(n: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _node_ports(prefix: str) -> list[str]:
+    names = (
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+    )
+    return [f"--{name}={port}" for name, port in zip(names, _ports(len(names)))] + [
+        f"--min-worker-port={prefix}0000",
+        f"--max-worker-port={prefix}0999",
+    ]
+
+
+def _signal_processes(temp: Path, sig: int) -> None:
+    """Signal every process of the cluster: each has its temp dir in its command line."""
+    out = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True).stdout
+    for pid in map(int, out.split()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+
+    ray.shutdown()  # the shared in-process cluster of other modules
+    temp = Path(tempfile.mkdtemp(prefix="acare-rc-", dir="/tmp"))
+    gcs, dashboard = _ports(2)
+    env = _env()
+    head = [str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--num-cpus=2"]
+    head += ["--include-dashboard=true", f"--dashboard-port={dashboard}", f"--temp-dir={temp}"]
+    head += ["--disable-usage-stats", *_node_ports("2")]
+    worker = [str(BIN / "ray"), "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1"]
+    worker += ["--disable-usage-stats", *_node_ports("3")]
+    try:
+        subprocess.run(head, env=env, check=True, capture_output=True, timeout=180)
+        subprocess.run(worker, env=env, check=True, capture_output=True, timeout=180)
+        address = f"http://127.0.0.1:{dashboard}"
+        deadline = time.monotonic() + 120
+        while True:  # the job agent answers some seconds after `ray start` returns
+            probe = subprocess.run(
+                [str(BIN / "ray"), "job", "list", "--address", address],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if probe.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        yield address, env
+    finally:
+        _signal_processes(temp, signal.SIGTERM)
+        time.sleep(3)
+        _signal_processes(temp, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def searches(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("rc") / "searches.parquet"
+    return write_parquet(synthetic_searches(3, seed=5), path)
+
+
+def _submit(cluster, job: str, command: list[str]) -> subprocess.CompletedProcess:
+    address, env = cluster
+    argv = [str(BIN / "ray"), "job", "submit", "--address", address]
+    argv += ["--runtime-env", str(REPO / "jobs" / f"{job}.yaml"), "--", *command]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def _rows(path: Path) -> list[dict]:
+    return pads.dataset(str(path), format="parquet").to_table().to_pylist()
+
+
+def test_two_nodes_joined(cluster):
+    address, env = cluster
+    out = subprocess.run(
+        [str(BIN / "ray"), "list", "nodes", "--address", address, "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count('"state": "ALIVE"') == 2
+
+
+@pytest.mark.parametrize("job", ["rerank", "relabel", "eval"])
+def test_ray_job_submit_runs_the_offline_job(cluster, searches, tiny_qwen3_dir, tmp_path, job):
+    rows_in = len(_rows(searches))
+    common = ["--input", str(searches), "--model", str(tiny_qwen3_dir), "--actors", "1"]
+    if job == "rerank":
+        command = ["acare", "rerank", *common, "--output", str(tmp_path / "out"), "--mode", "M3"]
+    elif job == "relabel":
+        command = ["acare", "relabel", *common, "--output", str(tmp_path / "out")]
+    else:
+        command = ["acare", "eval", *common, "--modes", "M0,M3", "--resamples", "200"]
+        command += ["--report-dir", str(tmp_path / "out")]
+    result = _submit(cluster, job, command)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "Failed to merge" not in result.stdout + result.stderr
+    output = tmp_path / "out" / ("rerank" if job == "eval" else "")
+    written = _rows(output)
+    assert len(written) == rows_in * (2 if job == "eval" else 1)
+    if job == "relabel":
+        assert sum(r["status"] == "ok" for r in written) > 0
+    else:
+        assert all(r["error"] is None for r in written)
+    if job == "eval":
+        assert (tmp_path / "out" / "report.json").is_file()
