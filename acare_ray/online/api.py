@@ -9,6 +9,12 @@ All three shapes accept the ACARe extension fields ``original_question``, ``reas
 ``mode``. Unknown fields are refused (422) so a misspelt context field never goes unnoticed;
 Cohere fields this server does not act on (``model``, ``max_chunks_per_doc``, ``priority``) are
 accepted so unmodified clients keep working.
+
+Usage: a Cohere response's ``meta.billed_units.search_units`` is 1 per request and
+``meta.tokens.input_tokens`` the tokens the model scored for it (the prompt prefix counted once
+per request on the causal backend, once per document on the cross-encoder). The TEI shape is a
+bare list, so its usage travels in the ``x-acare-tokens`` header (which the Cohere shapes send
+too).
 """
 
 from __future__ import annotations
@@ -176,8 +182,19 @@ class ApiVersion(BaseModel):
     version: str
 
 
+class BilledUnits(BaseModel):
+    search_units: int = Field(1, description="One per request.")
+
+
+class Tokens(BaseModel):
+    input_tokens: int = Field(description="Tokens the model scored for this request.")
+    output_tokens: int = Field(0, description="Always 0: a reranker generates nothing.")
+
+
 class RerankMeta(BaseModel):
     api_version: ApiVersion
+    billed_units: BilledUnits = Field(default_factory=BilledUnits)
+    tokens: Tokens = Field(description="Usage: the prompt tokens scored (shared prefix once).")
     model: str = Field(description="The served model.")
     mode: str = Field(description="The mode the model read (M0..M3).")
     warnings: list[str] | None = None
@@ -223,6 +240,7 @@ def cohere_response(
     request_id: str,
     version: str,
     model: str,
+    tokens: int = 0,
 ) -> RerankResponse:
     order = rank_order(scores, request.top_n)
     probabilities = relevance(scores)
@@ -239,6 +257,7 @@ def cohere_response(
         results=results,
         meta=RerankMeta(
             api_version=ApiVersion(version=version),
+            tokens=Tokens(input_tokens=tokens),
             model=model,
             mode=job.mode.value,
             warnings=truncation_warnings(job, "documents"),

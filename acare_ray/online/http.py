@@ -6,8 +6,13 @@ same app can be built without Ray.
 
 Errors: every client mistake is a 4xx with a JSON body ``{"message": ...}`` naming the field
 (``documents[3]: Input should be a valid string``): 401 missing/wrong bearer key, 413 body or
-document too large / too many documents, 422 invalid body. Overload (503) comes from Serve's
-bounded queue before a request reaches this app.
+document too large / too many documents, 422 invalid body. Overload is a 503 with
+``Retry-After``: ``score`` raises :class:`~acare_ray.online.admission.Overloaded` when the work
+queued ahead would start the request after the admission deadline, and the optional ``screen``
+refuses a rerank request the same way before its body is read while the replica is over its
+deadline already (see :mod:`acare_ray.online.admission`).
+
+Every answered rerank request carries its usage in ``x-acare-tokens`` (the tokens scored).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from acare_ray.online.admission import Overloaded
 from acare_ray.online.api import (
     COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC,
     CohereRerankRequest,
@@ -41,6 +47,7 @@ from acare_ray.online.service import ClientError, RerankService, ScoringJob, Sea
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank", "/rerank"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Scored:
 
 
 ScoreFn = Callable[[ScoringJob], Awaitable[Scored]]
+ScreenFn = Callable[[], Overloaded | None]
 
 
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -59,16 +67,25 @@ def _json_error(status: int, message: str, headers: dict[str, str] | None = None
 
 
 class Gate:
-    """ASGI middleware run before any body parsing: bearer key check, then body size limit.
+    """ASGI middleware run before any body parsing: bearer key check, overload screen, then
+    body size limit.
 
     The size is checked against ``Content-Length`` up front and counted while the body
     streams in, so a chunked upload cannot bypass it. ``/health`` and the docs stay open.
+    ``screen`` (if given) may refuse a rerank request as :class:`Overloaded` before it is read.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        max_body_bytes: int,
+        screen: ScreenFn | None = None,
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.screen = screen
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -83,6 +100,11 @@ class Gate:
             )
             await response(scope, receive, send)
             return
+        if self.screen is not None and _route_path(scope) in RERANK_PATHS:
+            refusal = self.screen()
+            if refusal is not None:
+                await _overloaded_response(refusal)(scope, receive, send)
+                return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             await _json_error(413, self._too_large(int(declared)))(scope, receive, send)
@@ -140,6 +162,18 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse({"message": text, "errors": problems}, status_code=422)
 
 
+def _overloaded_response(exc: Overloaded) -> JSONResponse:
+    headers = {
+        "retry-after": str(exc.retry_after_s),
+        "x-acare-expected-wait-s": f"{exc.expected_wait_s:.3f}",
+    }
+    return _json_error(503, exc.message, headers)
+
+
+async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
+    return _overloaded_response(exc)
+
+
 async def _client_error(_: Request, exc: ClientError) -> JSONResponse:
     return _json_error(exc.status, exc.message)
 
@@ -154,8 +188,10 @@ def create_api(
     *,
     api_key: str | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
+    screen: ScreenFn | None = None,
 ) -> FastAPI:
-    """The HTTP app; ``score`` scores one prepared job (batched by the caller if it wants)."""
+    """The HTTP app; ``score`` scores one prepared job (batched by the caller if it wants) or
+    raises :class:`Overloaded`; ``screen`` refuses work before a request body is read."""
     model = service.model_name
     api = FastAPI(
         title="acare_ray reranker",
@@ -166,27 +202,40 @@ def create_api(
             "`reasoning` and `mode`. Scores are sigmoid(log-odds) unless `raw_scores` is set."
         ),
     )
-    api.add_middleware(Gate, api_key=api_key, max_body_bytes=service.limits.max_body_bytes)
+    api.add_middleware(
+        Gate, api_key=api_key, max_body_bytes=service.limits.max_body_bytes, screen=screen
+    )
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(ClientError, _client_error)
+    api.add_exception_handler(Overloaded, _overloaded)
     api.add_exception_handler(HTTPException, _http_error)
 
-    async def run(search: Search, response: Response) -> tuple[ScoringJob, np.ndarray]:
+    async def run(search: Search, response: Response) -> tuple[ScoringJob, np.ndarray, int]:
+        """Prepare, score and count one search: (job, log-odds, tokens scored)."""
         job = await asyncio.to_thread(service.prepare, search)
         response.headers["x-acare-mode"] = job.mode.value
         if job.truncated:
             response.headers["x-acare-truncated"] = ",".join(map(str, job.truncated))
         if not job.documents:
-            return job, np.empty(0, dtype=np.float32)
+            response.headers["x-acare-tokens"] = "0"
+            return job, np.empty(0, dtype=np.float32), 0
         scored = await score(job)
+        tokens = await asyncio.to_thread(service.tokens_scored, job)
         response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
-        return job, scored.scores
+        response.headers["x-acare-tokens"] = str(tokens)
+        return job, scored.scores, tokens
 
     async def cohere(body: CohereRerankRequest, response: Response, version: str):
         default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
-        job, scores = await run(body.search(default), response)
+        job, scores, tokens = await run(body.search(default), response)
         return cohere_response(
-            body, job, scores, request_id=str(uuid.uuid4()), version=version, model=model
+            body,
+            job,
+            scores,
+            request_id=str(uuid.uuid4()),
+            version=version,
+            model=model,
+            tokens=tokens,
         )
 
     @api.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
@@ -201,13 +250,14 @@ def create_api(
 
     @api.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True)
     async def rerank_tei(body: TeiRerankRequest, response: Response) -> list[TeiRank]:
-        """text-embeddings-inference rerank, plus the context fields. Sorted by score."""
-        _, scores = await run(body.search(), response)
+        """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
+        tokens scored are in the `x-acare-tokens` header."""
+        _, scores, _ = await run(body.search(), response)
         return tei_response(body, scores)
 
     @api.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness and the current batching settings (no auth)."""
+        """Liveness, the batching settings and the admission state (no auth)."""
         return {"status": "ok", "model": model, **(status() if status else {})}
 
     @api.get("/v1/models")

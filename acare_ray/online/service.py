@@ -65,10 +65,11 @@ class Search:
 class ScoringJob:
     """A validated request: the context restricted to ``mode``'s fields and documents as scored.
 
-    ``tokens`` is about what the model will compute for it (the batch scheduler's unit: exact
-    for the prompt prefix and for documents long enough to be tokenized here, estimated from
-    bytes for the others, see :mod:`acare_ray.online.tokens`); ``limit`` the per-document token
-    limit applied; ``truncated`` the indices of documents cut to it.
+    ``tokens`` is about what the model will compute for it (the unit of the batch scheduler and
+    of admission: exact for the prompt prefix and for documents long enough to be tokenized
+    here, estimated from bytes for the others, see :mod:`acare_ray.online.tokens`);
+    ``context_tokens`` the exact size of the prompt part beside the documents; ``limit`` the
+    per-document token limit applied; ``truncated`` the indices of documents cut to it.
     """
 
     context: AgentContext
@@ -77,6 +78,7 @@ class ScoringJob:
     tokens: int = 0
     limit: int = 0
     truncated: tuple[int, ...] = field(default=())
+    context_tokens: int = 0
 
 
 def _check_encodable(field: str, text: str | None) -> None:
@@ -140,6 +142,7 @@ class RerankService:
             truncated=tuple(
                 i for i, (n, k) in enumerate(zip(fitted.original, fitted.kept)) if n > k
             ),
+            context_tokens=context_tokens,
         )
 
     def _context(self, search: Search) -> tuple[AgentContext, Mode]:
@@ -188,6 +191,14 @@ class RerankService:
             except ValueError as err:
                 results.append(err)
         return results
+
+    def tokens_scored(self, job: ScoringJob) -> int:
+        """The tokens the model really computes for ``job`` (exact, unlike ``job.tokens``): what
+        a response reports as usage. Tokenizes the job's documents, so call it off the model
+        thread."""
+        if not job.documents:
+            return 0
+        return self.layout.cost(job.context_tokens, self.layout.count(job.documents))
 
     def describe(self) -> dict:
         """What ``/v1/models`` reports about the loaded model."""

@@ -2,8 +2,8 @@
 
 The server needs two numbers per request before the model runs: how many tokens each document
 may keep (``max_tokens_per_doc`` and the model's room beside the prompt), and how many tokens
-the request will cost (the batch scheduler packs requests by this). A :class:`TokenLayout`
-answers both for either backend:
+the request will cost (the batch scheduler packs requests by this, admission weighs the work
+queued ahead with it). A :class:`TokenLayout` answers both for either backend:
 
 - causal LM: the prompt prefix is shared by the request's documents (counted once), each
   document is tokenized as ``" " + doc`` and followed by the suffix;
@@ -16,7 +16,9 @@ Only documents that might exceed the limit are tokenized here: a token covers at
 UTF-8 byte (byte-level BPE) or one character (WordPiece), so a document of at most ``limit``
 bytes cannot be over it. The scorer tokenizes every document anyway; doing it twice would cost
 as much CPU as the scoring of a small model. The token counts of such short documents are
-estimates (``BYTES_PER_TOKEN``), good enough for packing batches.
+estimates (``BYTES_PER_TOKEN``), good enough for packing batches. The usage a response reports
+is exact: :meth:`TokenLayout.count` tokenizes an answered request's documents once more, after
+scoring and off the model thread.
 """
 
 from __future__ import annotations
@@ -101,6 +103,13 @@ class TokenLayout:
         if self.shared_context:
             return context_tokens + sum(document_tokens) + self._suffix * len(document_tokens)
         return sum(document_tokens) + (context_tokens + self._specials) * len(document_tokens)
+
+    def count(self, documents: Sequence[str]) -> list[int]:
+        """Exact token counts of documents that fit already (as :meth:`fit` returns them)."""
+        if not documents:
+            return []
+        ids = self.tokenizer([self.lead + d for d in documents], add_special_tokens=False)
+        return [len(i) for i in ids["input_ids"]]
 
     def fit(self, documents: Sequence[str], limit: int, keep_end: bool = False) -> FittedDocuments:
         """Cut each document to at most ``limit`` tokens (its start, or its end if ``keep_end``)."""

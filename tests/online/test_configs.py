@@ -14,8 +14,8 @@ from acare_ray.context import AgentContext, Mode
 from acare_ray.online.deployment import (
     DEFAULT_MAX_BATCH_SIZE,
     AppArgs,
-    BatchSettings,
     Pending,
+    ReplicaSettings,
     Reranker,
     batch_slots,
     build_app,
@@ -47,11 +47,16 @@ def test_config_is_a_valid_serve_config_for_this_app(path):
     for app, deployment in deployments(config):
         assert app["import_path"] == "acare_ray.online.deployment:build_app"
         AppArgs.model_validate(app["args"])
-        batching = BatchSettings.model_validate(deployment["user_config"])
-        assert deployment["max_ongoing_requests"] >= batching.max_batch_size, (
+        settings = ReplicaSettings.model_validate(deployment["user_config"])
+        assert deployment["max_ongoing_requests"] >= settings.max_batch_size, (
             "a replica must accept enough requests to fill a batch"
         )
         assert deployment["max_queued_requests"] > 0, "the queue must be bounded"
+        timeout = config["http_options"].get("request_timeout_s")
+        assert timeout is not None, "set request_timeout_s, the admission deadline is below it"
+        assert settings.admission_deadline_s <= timeout / 2, (
+            "an admitted request must have time to be scored before the proxy gives up"
+        )
         assert isinstance(build_app(AppArgs.model_validate(app["args"])), Application)
 
 
@@ -80,8 +85,18 @@ def test_code_defaults_keep_a_batch_fillable():
     assert options.max_ongoing_requests >= DEFAULT_MAX_BATCH_SIZE
     assert options.max_queued_requests > 0
     assert (
-        BatchSettings.model_validate(options.user_config).max_batch_size == DEFAULT_MAX_BATCH_SIZE
+        ReplicaSettings.model_validate(options.user_config).max_batch_size == DEFAULT_MAX_BATCH_SIZE
     )
+
+
+def test_local_config_names_the_admission_settings():
+    (app,) = load(REPO / "serve_configs" / "local.yaml")["applications"]
+    (deployment,) = app["deployments"]
+    assert {"admission_deadline_s", "admission_prior_tokens_per_s"} <= set(
+        deployment["user_config"]
+    )
+    with pytest.raises(ValueError, match="admission_deadline_s"):
+        ReplicaSettings.model_validate({"admission_deadline_s": 0})
 
 
 def pending(tokens: int, slot: float = 100.0) -> Pending:

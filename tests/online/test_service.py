@@ -167,3 +167,16 @@ def test_a_job_the_scorer_rejects_does_not_fail_the_others(causal, tiny_scorer):
 def test_empty_documents_cost_nothing(causal):
     job = causal.prepare(search(documents=[], original_question=QUESTION))
     assert job.documents == () and job.tokens == 0 and job.mode == Mode.M2
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+def test_tokens_scored_are_exact_where_the_job_cost_is_an_estimate(request, backend):
+    service = request.getfixturevalue(backend)
+    job = service.prepare(search(documents=[DOCUMENTS[1], DOCUMENTS[3], LONG], reasoning=REASONING))
+    before = service.scorer.stats.real_tokens
+    service.score([job])
+    real = service.scorer.stats.real_tokens - before
+    assert service.tokens_scored(job) == real
+    fitted = service.layout.fit(job.documents, job.limit)
+    assert not all(fitted.exact), "some documents' costs in job.tokens are byte estimates"
+    assert service.tokens_scored(service.prepare(search(documents=[]))) == 0
