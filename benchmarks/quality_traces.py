@@ -225,7 +225,31 @@ def first_stage_baselines(test_path: Path, resamples: int) -> dict:
     }
     data = load_sessions(str(test_path), "agent")
     sessions = session_section(data, runs, per_query, list(runs), n_resamples=resamples)
-    return {"metrics": metrics, "sessions": sessions["metrics"], "counts": sessions["counts"]}
+    shallow = session_section(data, runs, {}, list(runs), depth=5, n_resamples=resamples)
+    return {
+        "metrics": metrics,
+        "sessions": sessions["metrics"],
+        "sessions_depth5": shallow["metrics"],
+        "counts": sessions["counts"],
+    }
+
+
+def sessions_at_depth(report: dict, test_path: Path, depth: int, resamples: int) -> dict:
+    """The session replay of an evaluation's written rankings with another depth (no
+    rescoring): all sessions and per agent. R1-Searcher shows its agent 5 passages a search."""
+    from acare_ray.offline.evaluate import load_runs
+    from acare_ray.offline.session_eval import load_sessions, session_section
+
+    runs, _ = load_runs(report["files"]["rerank_output"], tuple(MODES))
+    data = load_sessions(str(test_path), "agent")
+    options = {"depth": depth, "n_resamples": resamples}
+    out = {"all": session_section(data, runs, {}, MODES, **options)}
+    for agent in sorted(set(data.group_of.values())):
+        keep = lambda sid, a=agent: data.group_of.get(sid) == a  # noqa: E731
+        out[agent] = session_section(data, runs, {}, MODES, keep=keep, **options)
+    for section in out.values():
+        section.pop("per_session", None)
+    return out
 
 
 def _summary(report: dict) -> dict:
@@ -239,9 +263,7 @@ def _summary(report: dict) -> dict:
         tests = [
             r
             for r in sessions.get("comparisons", [])
-            if r["a"] == "M0"
-            and r["measure"] in SHOWN
-            or (r["a"] == "M0" and r["measure"].startswith("nDCG@10 ("))
+            if r["a"] == "M0" and (r["measure"] in SHOWN or r["measure"].endswith("(session mean)"))
         ]
         return {"by_mode": out, "tests_vs_M0": tests, "counts": sessions.get("counts")}
 
@@ -296,6 +318,36 @@ def markdown(result: dict) -> str:
                     f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}] | {t['p_value']:.4f} | "
                     f"{t['p_holm']:.4f} | {t['n_sessions']} |"
                 )
+    shallow = result.get("sessions_depth5")
+    if shallow:
+        lines += [
+            "",
+            "Session replay with 5 documents a search (what R1-Searcher shows its agent):",
+        ]
+        lines += [
+            "",
+            "| recipe | part | mode | session recall | session recall (mean) | useful@5 |",
+        ]
+        lines.append("|---|---|---|---|---|---|")
+        for recipe, parts in shallow.items():
+            for part, section in parts.items():
+                marks = {
+                    (t["b"], t["measure"])
+                    for t in section.get("comparisons", [])
+                    if t["a"] == "M0" and t["significant"]
+                }
+                for mode in MODES:
+                    values = section.get("metrics", {}).get(mode, {})
+                    cells = []
+                    for m in ("session_recall", "session_recall_mean", "useful@5"):
+                        e = values.get(m)
+                        mark = "*" if (mode, m) in marks else ""
+                        cells.append(
+                            f"{e['mean']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]{mark}"
+                            if e
+                            else "-"
+                        )
+                    lines.append(f"| {recipe} | {part} | {mode} | " + " | ".join(cells) + " |")
     baselines = result.get("baselines")
     if baselines:
         lines += ["", "First-stage orders, no reranker (both agents):", ""]
@@ -308,6 +360,14 @@ def markdown(result: dict) -> str:
             cells = [
                 f"{values[m]['mean']:.3f} [{values[m]['ci_low']:.3f}, {values[m]['ci_high']:.3f}]"
                 for m in SHOWN
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["", "| order (5 a search) | session recall | session recall (mean) | useful@5 |"]
+        lines.append("|---|---|---|---|")
+        for name, values in baselines["sessions_depth5"].items():
+            cells = [
+                f"{values[m]['mean']:.3f} [{values[m]['ci_low']:.3f}, {values[m]['ci_high']:.3f}]"
+                for m in ("session_recall", "session_recall_mean", "useful@5")
             ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     cost = result.get("cost")
@@ -431,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         "relabel": relabels,
         "training": trainings,
         "recipes": {name: _summary(report) for name, report in reports.items()},
+        "sessions_depth5": {
+            name: sessions_at_depth(report, test_path, 5, args.resamples)
+            for name, report in reports.items()
+        },
         "baselines": first_stage_baselines(test_path, args.resamples),
         "cost": cost,
         "seconds": time.perf_counter() - started,
