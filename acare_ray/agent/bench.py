@@ -1,0 +1,339 @@
+"""``acare agent-bench``: :class:`AgentBenchConfig` -> :func:`run` -> JSON + markdown + PNG.
+
+Each compared system (``bm25``, ``oracle``, or one reranker mode such as ``M3``) runs every task
+in closed-loop sessions (:mod:`acare_ray.agent.simulate`). Reported per system: task success
+rate, searches per task (mean over all tasks, and over the tasks every compared system solved),
+searches per solved step (searches spent on the steps that were solved / solved steps), session
+recall of the gold paragraphs, reranker time per task, search latency p50/p95/p99 (first stage +
+rerank) and throughput (searches and tasks per second of wall time). Systems are compared by
+task with paired randomization tests (success, searches per task, session recall), Holm-corrected
+over the pairs of each measure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from acare_ray.agent.rerankers import (
+    EndpointReranker,
+    FirstStage,
+    OracleReranker,
+    Reranker,
+    ScorerReranker,
+)
+from acare_ray.agent.simulate import TaskResult, progress_printer, run_sessions
+from acare_ray.agent.tasks import SPLITS, Task, build_tasks, select_records
+from acare_ray.metrics import holm_bonferroni, paired_randomization_test
+
+RERANKERS = ("none", "oracle", "model", "endpoint")
+MODES = ("M0", "M1", "M2", "M3", "auto")
+TESTED = ("success", "searches", "session_recall")
+
+
+@dataclass(frozen=True)
+class AgentBenchConfig:
+    """``reranker``: ``none`` (BM25 order), ``oracle``, ``model`` (in-process ``model`` in each
+    of ``modes``) or ``endpoint`` (``endpoint`` URL in each of ``modes``). ``baseline`` adds the
+    BM25 system beside an oracle, model or endpoint."""
+
+    out: str
+    tasks: int = 100
+    seed: int = 0
+    split: str = "dev"
+    reranker: str = "none"
+    model: str | None = None
+    modes: tuple[str, ...] = ("auto",)
+    endpoint: str | None = None
+    endpoint_model: str = "acare"
+    api_key: str | None = field(default=None, repr=False)
+    baseline: bool = True
+    agents: int = 1
+    budget: int = 3
+    depth: int = 10
+    first_stage_k: int = 100
+    device: str | None = None
+    max_batch_tokens: int | None = None
+    n_resamples: int = 10_000
+    progress_every: int = 10
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reranker not in RERANKERS:
+            raise ValueError(
+                f"reranker must be one of {', '.join(RERANKERS)}, got {self.reranker!r}"
+            )
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if (self.reranker == "model") != (self.model is not None):
+            raise ValueError("--model goes with the model reranker (and only with it)")
+        if (self.reranker == "endpoint") != (self.endpoint is not None):
+            raise ValueError("--endpoint goes with the endpoint reranker (and only with it)")
+        if self.reranker in ("model", "endpoint"):
+            bad = [m for m in self.modes if m not in MODES]
+            if not self.modes or bad or len(set(self.modes)) != len(self.modes):
+                raise ValueError(f"--modes must be distinct values of {', '.join(MODES)}")
+        for name in ("tasks", "agents", "budget", "depth", "first_stage_k", "n_resamples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def public(self) -> dict[str, Any]:
+        """The config as recorded in the report (no API key)."""
+        out = asdict(self)
+        out.pop("api_key")
+        out["modes"] = list(self.modes)
+        return out
+
+
+def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker]:
+    """The compared systems, baseline first."""
+    systems: list[Reranker] = []
+    if config.reranker == "none" or config.baseline:
+        systems.append(FirstStage())
+    if config.reranker == "oracle":
+        gold = {(t.task_id, k): g for t in tasks for k, g in enumerate(t.gold_steps)}
+        systems.append(OracleReranker(gold))
+    elif config.reranker == "model":
+        from acare_ray.scorer import Scorer
+
+        options = {}
+        if config.max_batch_tokens is not None:
+            options["max_batch_tokens"] = config.max_batch_tokens
+        scorer = Scorer.from_pretrained(config.model, device=config.device, **options)
+        lock = threading.Lock()
+        systems += [ScorerReranker(scorer, mode, lock) for mode in config.modes]
+    elif config.reranker == "endpoint":
+        systems += [
+            EndpointReranker(config.endpoint, mode, config.endpoint_model, config.api_key)
+            for mode in config.modes
+        ]
+    return systems
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    p50, p95, p99 = np.percentile(np.asarray(values) * 1000, [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99)}
+
+
+def summarize(results: list[TaskResult], wall_s: float, common: set[str]) -> dict[str, Any]:
+    """One system's measures; ``common``: the ids of the tasks every compared system solved."""
+    n = len(results)
+    searches = [r.n_searches for r in results]
+    solved_steps = sum(r.steps_solved for r in results)
+    solved_step_searches = sum(sum(r.searches_per_step[: r.steps_solved]) for r in results)
+    on_common = [r.n_searches for r in results if r.task_id in common]
+    total = sum(searches)
+    return {
+        "tasks": n,
+        "solved": sum(r.solved for r in results),
+        "success_rate": sum(r.solved for r in results) / n,
+        "searches_per_task": total / n,
+        "searches_per_task_common": float(np.mean(on_common)) if on_common else None,
+        "common_tasks": len(common),
+        "searches_per_solved_step": solved_step_searches / solved_steps if solved_steps else None,
+        "steps_solved": solved_steps,
+        "steps": sum(r.n_steps for r in results),
+        "session_recall": float(np.mean([r.session_recall for r in results])),
+        "rerank_s_per_task": sum(r.rerank_s for r in results) / n,
+        "latency_ms": _percentiles([s.latency_s for r in results for s in r.searches]),
+        "searches": total,
+        "wall_s": wall_s,
+        "searches_per_s": total / wall_s if wall_s > 0 else None,
+        "tasks_per_s": n / wall_s if wall_s > 0 else None,
+    }
+
+
+def per_task_values(results: list[TaskResult]) -> dict[str, dict[str, float]]:
+    return {
+        "success": {r.task_id: float(r.solved) for r in results},
+        "searches": {r.task_id: float(r.n_searches) for r in results},
+        "session_recall": {r.task_id: r.session_recall for r in results},
+    }
+
+
+def paired_tests(
+    per_system: dict[str, list[TaskResult]], n_resamples: int, seed: int
+) -> list[dict[str, Any]]:
+    """Every pair of systems on every tested measure; Holm over the pairs of each measure."""
+    names = list(per_system)
+    if len(names) < 2 or len(next(iter(per_system.values()))) < 2:
+        return []
+    values = {name: per_task_values(results) for name, results in per_system.items()}
+    tests = []
+    for measure in TESTED:
+        rows = []
+        for a, b in itertools.combinations(names, 2):
+            t = paired_randomization_test(
+                values[a][measure], values[b][measure], n_resamples=n_resamples, seed=seed
+            )
+            rows.append(
+                {
+                    "measure": measure,
+                    "a": a,
+                    "b": b,
+                    "mean_a": t.mean_a,
+                    "mean_b": t.mean_b,
+                    "mean_diff": t.mean_diff,
+                    "p_value": t.p_value,
+                    "n_tasks": t.n_queries,
+                }
+            )
+        for row, adjusted in zip(rows, holm_bonferroni([r["p_value"] for r in rows])):
+            row["p_holm"] = adjusted
+        tests += rows
+    return tests
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    header = (
+        "| system | success | searches/task | on common | searches/solved step | session recall"
+        " | rerank s/task | p50 ms | p95 ms | p99 ms | searches/s |"
+    )
+    lines = [header, "|" + "---|" * 11]
+    for name, s in report["systems"].items():
+        lat = s["latency_ms"]
+        lines.append(
+            f"| {name} | {_fmt(s['success_rate'])} ({s['solved']}/{s['tasks']}) "
+            f"| {_fmt(s['searches_per_task'], 2)} | {_fmt(s['searches_per_task_common'], 2)} "
+            f"| {_fmt(s['searches_per_solved_step'], 2)} | {_fmt(s['session_recall'])} "
+            f"| {_fmt(s['rerank_s_per_task'])} | {_fmt(lat['p50'], 1)} | {_fmt(lat['p95'], 1)} "
+            f"| {_fmt(lat['p99'], 1)} | {_fmt(s['searches_per_s'], 1)} |"
+        )
+    return "\n".join(lines)
+
+
+def write_markdown(report: dict[str, Any], path: Path) -> None:
+    config = report["config"]
+    lines = [
+        "# agent-bench",
+        "",
+        f"{report['n_tasks']} MuSiQue tasks ({config['split']}, seed {config['seed']}), corpus "
+        f"{report['corpus_size']} paragraphs, BM25 top-{config['first_stage_k']} -> reranker -> "
+        f"top {config['depth']} unseen, budget {config['budget']} searches per step, "
+        f"{config['agents']} agents in flight. Reranker: {config['reranker']}"
+        + (f" `{config['model']}`" if config["model"] else "")
+        + (f" `{config['endpoint']}`" if config["endpoint"] else "")
+        + ".",
+        "",
+        f"Common tasks (solved by every system): {report['common_tasks']}.",
+        "",
+        format_table(report),
+    ]
+    if report["tests"]:
+        lines += [
+            "",
+            "## Paired randomization tests by task (Holm over the pairs of each measure)",
+            "",
+            "| measure | a | b | mean a | mean b | b - a | p | p (Holm) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t in report["tests"]:
+            lines.append(
+                f"| {t['measure']} | {t['a']} | {t['b']} | {t['mean_a']:.3f} | {t['mean_b']:.3f} "
+                f"| {t['mean_diff']:+.3f} | {t['p_value']:.4f} | {t['p_holm']:.4f} |"
+            )
+    files = report["files"]
+    lines += ["", f"Chart: `{files['chart']}`; JSON: `{files['json']}`.", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def write_chart(per_system: dict[str, list[TaskResult]], budget_cap: int, path: Path) -> None:
+    """Grouped bars: number of tasks by searches per task, one bar per system; failed tasks in
+    their own group at the right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted({r.n_searches for rs in per_system.values() for r in rs if r.solved})
+    labels = [str(c) for c in counts] + ["failed"]
+    x = np.arange(len(labels))
+    width = 0.8 / max(1, len(per_system))
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.0 + 0.7 * len(labels)), 3.6), dpi=120)
+    for k, (name, results) in enumerate(per_system.items()):
+        heights = [sum(r.solved and r.n_searches == c for r in results) for c in counts]
+        heights.append(sum(not r.solved for r in results))
+        ax.bar(x + (k - (len(per_system) - 1) / 2) * width, heights, width, label=name)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("searches per task (solved tasks); failed tasks")
+    ax.set_ylabel("tasks")
+    ax.set_title(f"agent-bench: {len(next(iter(per_system.values())))} tasks, budget {budget_cap}")
+    ax.legend(ncols=min(4, len(per_system)), loc="upper right", frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(config: AgentBenchConfig) -> dict[str, Any]:
+    """Run every system on the same tasks and write ``agent_bench.{json,md,png}`` into ``out``."""
+    from acare_ray.data.musique import load_musique
+
+    started = time.perf_counter()
+    records = select_records(load_musique(config.data_dir), config.tasks, config.seed, config.split)
+    tasks, corpus = build_tasks(records)
+    systems = make_rerankers(config, tasks)
+    per_system: dict[str, list[TaskResult]] = {}
+    walls: dict[str, float] = {}
+    try:
+        for reranker in systems:
+            progress = progress_printer(reranker.name, len(tasks), config.progress_every)
+            per_system[reranker.name], walls[reranker.name] = run_sessions(
+                tasks,
+                corpus,
+                reranker,
+                agents=config.agents,
+                budget=config.budget,
+                depth=config.depth,
+                first_stage_k=config.first_stage_k,
+                progress=progress,
+            )
+    finally:
+        for reranker in systems:
+            close = getattr(reranker, "close", None)
+            if close is not None:
+                close()
+    common = set.intersection(*({r.task_id for r in rs if r.solved} for rs in per_system.values()))
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "json": str(out / "agent_bench.json"),
+        "markdown": str(out / "agent_bench.md"),
+        "chart": str(out / "agent_bench.png"),
+    }
+    report = {
+        "config": config.public(),
+        "n_tasks": len(tasks),
+        "corpus_size": len(corpus),
+        "systems": {
+            name: summarize(results, walls[name], common) for name, results in per_system.items()
+        },
+        "common_tasks": len(common),
+        "tests": paired_tests(per_system, config.n_resamples, config.seed),
+        "tasks": {
+            name: [r.outcome() | {"rerank_s": r.rerank_s} for r in results]
+            for name, results in per_system.items()
+        },
+        "files": files,
+    }
+    write_chart(per_system, config.budget, Path(files["chart"]))
+    report["wall_s"] = time.perf_counter() - started
+    Path(files["json"]).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    write_markdown(report, Path(files["markdown"]))
+    return report

@@ -1,0 +1,79 @@
+"""``acare agent-bench``: flags -> :class:`AgentBenchConfig` -> :func:`run`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def agent_bench_command(args: argparse.Namespace) -> int:
+    from acare_ray.agent.bench import AgentBenchConfig, format_table, run
+
+    if args.model is not None:
+        reranker = "model"
+    elif args.endpoint is not None:
+        reranker = "endpoint"
+    else:
+        reranker = args.reranker or "none"
+    try:
+        config = AgentBenchConfig(
+            out=args.out,
+            tasks=args.tasks,
+            seed=args.seed,
+            split=args.split,
+            reranker=reranker,
+            model=args.model,
+            modes=_csv(args.modes),
+            endpoint=args.endpoint,
+            endpoint_model=args.endpoint_model,
+            api_key=os.environ.get("ACARE_API_KEY") or None,
+            baseline=not args.no_baseline,
+            agents=args.agents,
+            budget=args.budget,
+            depth=args.depth,
+            first_stage_k=args.first_stage_k,
+            device=args.device,
+            max_batch_tokens=args.max_batch_tokens,
+            n_resamples=args.resamples,
+            progress_every=args.progress_every,
+        )
+        report = run(config)
+    except ValueError as err:
+        print(f"acare {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    print(f"report: {report['files']['markdown']} ({report['wall_s']:.1f} s)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser(
+        "agent-bench", help="simulated MuSiQue agent with the reranker in the loop"
+    )
+    bench.add_argument("--tasks", type=int, default=100, help="MuSiQue questions to run")
+    bench.add_argument("--seed", type=int, default=0, help="task draw and test resampling")
+    bench.add_argument("--split", default="dev", choices=["dev", "train", "all"])
+    which = bench.add_mutually_exclusive_group()
+    which.add_argument("--model", default=None, help="in-process Scorer: HF id, path or alias")
+    which.add_argument("--endpoint", default=None, help="Cohere-compatible base URL (/v2/rerank)")
+    which.add_argument("--reranker", default=None, choices=["none", "oracle"])
+    bench.add_argument("--modes", default="auto", help="modes for --model/--endpoint: M0,M2,M3")
+    bench.add_argument("--endpoint-model", default="acare", help="`model` field sent")
+    bench.add_argument(
+        "--no-baseline", action="store_true", help="do not add the BM25 system beside the reranker"
+    )
+    bench.add_argument("--agents", type=int, default=1, help="sessions in flight at once")
+    bench.add_argument("--budget", type=int, default=3, help="searches per step before failing")
+    bench.add_argument("--depth", type=int, default=10, help="unseen documents per search")
+    bench.add_argument("--first-stage-k", type=int, default=100, help="BM25 candidates")
+    bench.add_argument("--device", default=None, help="--model device (default: cuda if any)")
+    bench.add_argument("--max-batch-tokens", type=int, default=None, help="scorer token budget")
+    bench.add_argument("--resamples", type=int, default=10_000, help="randomization resamples")
+    bench.add_argument("--progress-every", type=int, default=10, help="progress line every N tasks")
+    bench.add_argument("--out", required=True, help="report folder")
+    bench.set_defaults(func=agent_bench_command)

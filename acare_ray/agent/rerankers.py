@@ -1,0 +1,172 @@
+"""The rerankers an agent-bench session can call, behind one small protocol.
+
+A reranker gets one search (:class:`RerankRequest`: the sub-query, the agent's original question
+and reasoning, the candidates in first-stage order) and returns the indices of its best
+``top_n`` candidates, best first. Implementations:
+
+- :class:`FirstStage`: BM25 order (the baseline, ``--reranker none``);
+- :class:`OracleReranker`: the step's supporting paragraph first, then BM25 order (tests, and an
+  upper bound);
+- :class:`ScorerReranker`: an in-process :class:`~acare_ray.scorer.Scorer` in one mode;
+- :class:`EndpointReranker`: any Cohere-compatible ``POST {url}/v2/rerank`` with the ACARe
+  fields ``original_question``, ``reasoning`` and ``mode`` as extra body fields.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from acare_ray.context import AgentContext
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """One agent search. ``task_id`` and ``step`` (0-based) identify it (the oracle uses them)."""
+
+    query: str
+    question: str
+    reasoning: str
+    documents: tuple[str, ...]
+    doc_ids: tuple[str, ...]
+    task_id: str = ""
+    step: int = 0
+
+
+class Reranker(Protocol):
+    name: str
+
+    def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        """Indices into ``request.documents`` of the best ``top_n`` (or fewer), best first."""
+        ...
+
+
+def check_order(order: Sequence[int], n_documents: int, top_n: int, who: str) -> list[int]:
+    """``order`` as ints, or ValueError when it repeats, leaves range or exceeds ``top_n``."""
+    out = [int(i) for i in order]
+    if len(set(out)) != len(out) or any(not 0 <= i < n_documents for i in out):
+        raise ValueError(f"{who} returned invalid indices {out} for {n_documents} documents")
+    if len(out) > top_n:
+        raise ValueError(f"{who} returned {len(out)} results, more than top_n={top_n}")
+    return out
+
+
+class FirstStage:
+    """No reranking: the first-stage (BM25) order."""
+
+    name = "bm25"
+
+    def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        return list(range(min(top_n, len(request.documents))))
+
+
+class OracleReranker:
+    """The step's supporting paragraph first (when it is a candidate), then BM25 order."""
+
+    name = "oracle"
+
+    def __init__(self, gold: Mapping[tuple[str, int], str]) -> None:
+        self.gold = dict(gold)  # (task_id, step) -> canonical doc id
+
+    def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        target = self.gold.get((request.task_id, request.step))
+        first = [i for i, d in enumerate(request.doc_ids) if d == target]
+        rest = [i for i in range(len(request.documents)) if i not in first]
+        return (first + rest)[:top_n]
+
+
+class ScorerReranker:
+    """An in-process :class:`~acare_ray.scorer.Scorer` in ``mode`` (M0..M3 or auto).
+
+    Calls are serialised by ``lock`` (one model, and Hugging Face tokenizers are not safe to
+    share between threads); each search is scored alone, so scores do not depend on which other
+    sessions are in flight. Share one lock between rerankers that share a scorer.
+    """
+
+    def __init__(self, scorer: Any, mode: str = "auto", lock: threading.Lock | None = None):
+        self.scorer = scorer
+        self.mode = mode
+        self.name = mode
+        self.lock = lock or threading.Lock()
+
+    def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        if not request.documents:
+            return []
+        context = AgentContext(
+            sub_query=request.query, question=request.question, reasoning=request.reasoning
+        )
+        with self.lock:
+            ranking = self.scorer.rank(context, list(request.documents), self.mode, top_k=top_n)
+        return [int(i) for i in ranking.indices]
+
+
+class EndpointError(RuntimeError):
+    """The endpoint refused a search or kept failing."""
+
+
+class EndpointReranker:
+    """``POST {url}/v2/rerank`` (Cohere v2 body + ``original_question``, ``reasoning``, ``mode``).
+
+    503 and 429 answers are retried after their ``Retry-After`` (default 1 s), and connection
+    errors after 1 s, up to ``retries`` times; any other error status raises
+    :class:`EndpointError` with the body. One ``httpx.Client`` is shared by all threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        mode: str = "auto",
+        model: str = "acare",
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        retries: int = 5,
+    ) -> None:
+        import httpx
+
+        self.url = url.rstrip("/") + "/v2/rerank"
+        self.mode = mode
+        self.name = mode
+        self.model = model
+        self.retries = retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._httpx = httpx
+        self.client = httpx.Client(timeout=timeout_s, headers=headers)
+
+    def body(self, request: RerankRequest, top_n: int) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "query": request.query,
+            "documents": list(request.documents),
+            "top_n": top_n,
+            "original_question": request.question,
+            "reasoning": request.reasoning,
+            "mode": self.mode,
+        }
+
+    def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        if not request.documents:
+            return []
+        body = self.body(request, top_n)
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self.client.post(self.url, json=body)
+            except self._httpx.TransportError as err:
+                if last:
+                    raise EndpointError(f"{self.url}: {err}") from err
+                time.sleep(1.0)
+                continue
+            if response.status_code in (429, 503) and not last:
+                time.sleep(float(response.headers.get("retry-after", "1") or 1))
+                continue
+            if response.status_code != 200:
+                raise EndpointError(f"{self.url}: HTTP {response.status_code}: {response.text}")
+            results = response.json()["results"]
+            return [int(r["index"]) for r in results]
+        raise EndpointError(f"{self.url}: no answer after {self.retries} retries")
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,248 @@
+"""The scripted agent (no LLM) and closed-loop concurrent sessions.
+
+One session per task. At step ``k`` (0-based) the agent searches with attempt ``a`` = 1, 2, ...
+up to ``budget``:
+
+1. the step's keyword sub-query: ``resolve_step(step, answers so far)`` (``X >> rel`` -> ``X rel``);
+2. the step's natural-language question with the earlier answers filled in (``X >> rel`` ->
+   ``What is the rel of X?``; a step that already is a question is sent as it is, so this
+   attempt returns the next unseen documents for it);
+3. the sub-query plus the original question's most specific terms (its 3 rarest BM25 terms in the
+   corpus that the sub-query lacks);
+
+and attempts past 3 cycle through 1, 2, 3 again. Each search sends the original question and a
+synthetic reasoning trace (:func:`acare_ray.data.musique.synthetic_reasoning` with the answers
+found so far, plus one sentence per failed attempt of this step); sentences that contain the
+current step's answer are left out, so the trace never reveals it.
+
+A search is BM25 top-``first_stage_k`` over the corpus, minus the documents this session already
+returned, then the reranker, then its top ``depth``: no document is returned twice in a session.
+(Dropping seen candidates before reranking gives a pointwise reranker the same ranking as
+dropping them after, and spares it the work.) After a search the step is solved when its
+supporting paragraph has been returned in the session (by this search or an earlier one: the
+agent keeps what it read); it then "reads" the step's answer and moves on. A step that uses up its
+budget fails the task. Every step sends at least one search.
+
+The outcome of a task depends only on its own searches, so it does not depend on how many
+sessions run at once (``agents``) or on their scheduling.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from acare_ray.agent.rerankers import Reranker, RerankRequest, check_order
+from acare_ray.agent.tasks import Corpus, Task
+from acare_ray.data.musique import resolve_step, synthetic_reasoning
+
+SPECIFIC_TERMS = 3
+_REF = re.compile(r"#(\d+)")  # a reference to an earlier step's answer, as in musique.py
+REFORMULATIONS = ("sub_query", "question", "specific_terms")
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    step: int  # 0-based
+    attempt: int  # 1-based
+    reformulation: str
+    query: str
+    returned: tuple[str, ...]
+    solved: bool
+    rerank_s: float
+    latency_s: float  # first stage + rerank
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task_id: str
+    n_steps: int
+    steps_solved: int
+    searches_per_step: tuple[int, ...]  # one entry per step attempted
+    session_recall: float
+    searches: tuple[SearchRecord, ...]
+
+    @property
+    def solved(self) -> bool:
+        return self.steps_solved == self.n_steps
+
+    @property
+    def n_searches(self) -> int:
+        return len(self.searches)
+
+    @property
+    def rerank_s(self) -> float:
+        return sum(s.rerank_s for s in self.searches)
+
+    def outcome(self) -> dict[str, Any]:
+        """Everything but the timings: equal for equal rankings, whatever the scheduling."""
+        return {
+            "task_id": self.task_id,
+            "solved": self.solved,
+            "steps_solved": self.steps_solved,
+            "searches_per_step": list(self.searches_per_step),
+            "session_recall": self.session_recall,
+            "searches": [
+                {k: v for k, v in asdict(s).items() if k not in ("rerank_s", "latency_s")}
+                for s in self.searches
+            ],
+        }
+
+
+def natural_question(text: str, answers: Sequence[str]) -> str:
+    """A step as a natural-language question with the earlier answers filled in."""
+    filled = " ".join(_REF.sub(lambda m: answers[int(m.group(1)) - 1], text).split())
+    if ">>" in filled:
+        entity, _, relation = filled.partition(">>")
+        return f"What is the {relation.strip()} of {entity.strip()}?"
+    return filled
+
+
+def reformulate(task: Task, k: int, answers: Sequence[str], attempt: int, corpus: Corpus) -> str:
+    """The query of ``attempt`` (1-based) at step ``k``; see the module docstring."""
+    step = task.steps[k]["question"]
+    kind = REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)]
+    sub_query = resolve_step(step, list(answers))
+    if kind == "sub_query":
+        return sub_query
+    if kind == "question":
+        return natural_question(step, answers)
+    have = set(corpus.specific_terms(sub_query))
+    extra = [t for t in task.terms if t not in have][:SPECIFIC_TERMS]
+    return " ".join([sub_query, *extra])
+
+
+def agent_reasoning(task: Task, k: int, answers: Sequence[str], failed: Sequence[str]) -> str:
+    """The synthetic trace before a search: what was found so far, and this step's failed queries.
+
+    Never contains the current step's answer (case-insensitive)."""
+    base = synthetic_reasoning(list(task.steps), k, list(answers))
+    current = task.steps[k]["answer"].strip().lower()
+    notes = [
+        f"The search '{q}' did not give me this; I will rephrase."
+        for q in failed
+        if current not in q.lower()
+    ]
+    return " ".join([base, *notes])
+
+
+def run_task(
+    task: Task,
+    corpus: Corpus,
+    reranker: Reranker,
+    budget: int = 3,
+    depth: int = 10,
+    first_stage_k: int = 100,
+) -> TaskResult:
+    """One closed-loop session: each search depends on what the previous ones returned."""
+    seen: set[str] = set()
+    answers: list[str] = []
+    records: list[SearchRecord] = []
+    per_step: list[int] = []
+    for k, step in enumerate(task.steps):
+        failed: list[str] = []
+        solved = False
+        for attempt in range(1, budget + 1):
+            query = reformulate(task, k, answers, attempt, corpus)
+            reasoning = agent_reasoning(task, k, answers, failed)
+            start = time.perf_counter()
+            positions = [
+                p for p in corpus.search(query, first_stage_k) if corpus.ids[p] not in seen
+            ]
+            request = RerankRequest(
+                query=query,
+                question=task.question,
+                reasoning=reasoning,
+                documents=tuple(corpus.texts[p] for p in positions),
+                doc_ids=tuple(corpus.ids[p] for p in positions),
+                task_id=task.task_id,
+                step=k,
+            )
+            ranked = time.perf_counter()
+            order = reranker.rerank(request, depth) if positions else []
+            order = check_order(order, len(positions), depth, f"reranker {reranker.name}")
+            end = time.perf_counter()
+            returned = tuple(request.doc_ids[i] for i in order)
+            seen.update(returned)
+            solved = task.gold_steps[k] in seen
+            records.append(
+                SearchRecord(
+                    step=k,
+                    attempt=attempt,
+                    reformulation=REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)],
+                    query=query,
+                    returned=returned,
+                    solved=solved,
+                    rerank_s=end - ranked,
+                    latency_s=end - start,
+                )
+            )
+            if solved:
+                break
+            failed.append(query)
+        per_step.append(attempt)
+        if not solved:
+            break
+        answers.append(step["answer"])
+    return TaskResult(
+        task_id=task.task_id,
+        n_steps=len(task.steps),
+        steps_solved=len(answers),
+        searches_per_step=tuple(per_step),
+        session_recall=len(task.gold & seen) / len(task.gold),
+        searches=tuple(records),
+    )
+
+
+def progress_printer(name: str, total: int, every: int) -> Callable[[int, int, int, float], None]:
+    """A callback printing one line to stderr every ``every`` finished tasks (and at the end)."""
+
+    def report(done: int, solved: int, searches: int, elapsed: float) -> None:
+        if every > 0 and (done % every == 0 or done == total):
+            print(
+                f"agent-bench {name}: {done}/{total} tasks, {solved} solved, "
+                f"{searches / done:.2f} searches/task, {elapsed:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return report
+
+
+def run_sessions(
+    tasks: Sequence[Task],
+    corpus: Corpus,
+    reranker: Reranker,
+    *,
+    agents: int = 1,
+    budget: int = 3,
+    depth: int = 10,
+    first_stage_k: int = 100,
+    progress: Callable[[int, int, int, float], None] | None = None,
+) -> tuple[list[TaskResult], float]:
+    """All tasks with ``agents`` sessions in flight at once (threads); results in task order,
+    and the wall time in seconds."""
+    if agents < 1:
+        raise ValueError(f"agents must be >= 1, got {agents}")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    results: list[TaskResult | None] = [None] * len(tasks)
+    start = time.perf_counter()
+    done = solved = searches = 0
+    with ThreadPoolExecutor(max_workers=agents) as pool:
+        futures = {
+            pool.submit(run_task, task, corpus, reranker, budget, depth, first_stage_k): i
+            for i, task in enumerate(tasks)
+        }
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            done, solved, searches = done + 1, solved + result.solved, searches + result.n_searches
+            if progress is not None:
+                progress(done, solved, searches, time.perf_counter() - start)
+    return [r for r in results if r is not None], time.perf_counter() - start
