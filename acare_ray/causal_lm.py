@@ -20,7 +20,7 @@ through exactly the code that serves.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,7 +109,14 @@ class _SplitMask:
 
 
 class PrefixSharedYesNo(nn.Module):
-    """Wraps a ``*ForCausalLM`` model; scores candidates sharing prefixes, yes/no rows only."""
+    """Wraps a ``*ForCausalLM`` model; scores candidates sharing prefixes, yes/no rows only.
+
+    The fast path. :func:`acare_ray.causal_fallback.check_fast_path` lists what it assumes of
+    the model; a model that departs from it is scored by the exact fallback
+    (:class:`acare_ray.causal_fallback.HFForwardYesNo`) instead.
+    """
+
+    path = "fast"
 
     def __init__(self, causal_lm: nn.Module, yes_id: int, no_id: int) -> None:
         super().__init__()
@@ -280,21 +287,27 @@ class CausalLMBackend:
 
     ``plan`` cuts a list of sequence lengths into batches of indices (see
     :func:`acare_ray.scorer.plan_batches`). ``stats`` accumulates real vs computed tokens and the
-    time spent tokenizing, for the benchmarks.
+    time spent tokenizing, for the benchmarks. ``path`` says which module scores: ``"fast"``
+    (:class:`PrefixSharedYesNo`) or ``"fallback"`` (the model's own forward,
+    :class:`acare_ray.causal_fallback.HFForwardYesNo`); ``path_reasons`` says why it is not the
+    fast one (empty on the fast path).
     """
 
     name = "causal_lm"
 
     def __init__(
         self,
-        module: PrefixSharedYesNo,
+        module: nn.Module,
         encoder: PromptEncoder,
         plan: Callable[[list[int]], list[np.ndarray]],
         device: torch.device,
         pack_tokens: int | None = None,
         pack_rows: int = 512,
+        path_reasons: Sequence[str] = (),
     ) -> None:
         self.module = module.eval()
+        self.path: str = getattr(module, "path", "fast")
+        self.path_reasons: list[str] = list(path_reasons)
         self.encoder = encoder
         self.plan = plan
         self.device = device

@@ -41,6 +41,10 @@ class ScorerConfig:
     candidates per pack) instead of one search at a time. Off by default: on CPU it measured
     0.76-0.86x (compute-bound; see docs/speed.md); it targets GPUs serving many small requests,
     where per-call overhead dominates (``benchmarks/gpu.sh`` measures it there).
+    ``causal_path``: ``"auto"`` (the fast shared-prefix path when the model has exactly the
+    layout it assumes, else the exact fallback through the model's own forward, with a
+    warning naming why), ``"fast"`` (a ValueError naming the reasons when the model does not
+    fit it) or ``"fallback"`` (see :mod:`acare_ray.causal_fallback`).
     """
 
     prompt: PromptConfig = field(default_factory=PromptConfig)
@@ -49,6 +53,7 @@ class ScorerConfig:
     batch_overhead_tokens: int = 128
     compile: bool = False
     pack_searches: bool = False
+    causal_path: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -168,7 +173,9 @@ class Scorer:
         checkpoint, else the architecture). ``options``: ``max_batch_tokens``,
         ``max_batch_size``, ``max_length``, ``instruction``, ``caps`` (a :class:`FieldCaps`),
         ``compile`` (causal backend: ``torch.compile`` the decoder layers), ``pack_searches``
-        (causal backend: small searches share forward passes; off by default).
+        (causal backend: small searches share forward passes; off by default), ``causal_path``
+        (causal backend: ``"auto"``, ``"fast"`` or ``"fallback"``; ``scorer.backend.path`` and
+        ``scorer.backend.path_reasons`` say which runs and why).
         CPU runs float32, CUDA bfloat16 unless ``dtype`` says otherwise.
         """
         path = resolve_model_path(name_or_path)
@@ -253,7 +260,9 @@ class Scorer:
 def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -> ScorerConfig:
     sizes = {"max_batch_tokens", "max_batch_size", "batch_overhead_tokens"}
     unknown = (
-        set(options) - sizes - {"max_length", "instruction", "caps", "compile", "pack_searches"}
+        set(options)
+        - sizes
+        - {"max_length", "instruction", "caps", "compile", "pack_searches", "causal_path"}
     )
     if unknown:
         raise TypeError(f"unknown Scorer options: {', '.join(sorted(unknown))}")
@@ -272,6 +281,7 @@ def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -
         prompt=prompt,
         compile=bool(options.get("compile", False)),
         pack_searches=bool(options.get("pack_searches", False)),
+        causal_path=options.get("causal_path") or "auto",
     )
     return replace(config, **{k: options[k] for k in sizes if options.get(k) is not None})
 
@@ -279,7 +289,8 @@ def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -
 def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
     from transformers import AutoModelForCausalLM
 
-    from acare_ray.causal_lm import CausalLMBackend, PrefixSharedYesNo
+    from acare_ray.causal_fallback import build_causal_module
+    from acare_ray.causal_lm import CausalLMBackend
 
     encoder = PromptEncoder(tokenizer, config.prompt)
     for key, found in (("yes_token_id", encoder.yes_id), ("no_token_id", encoder.no_id)):
@@ -288,7 +299,9 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
                 f"{ACARE_CONFIG_FILE} says {key}={saved[key]}, the tokenizer gives {found}"
             )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    module = PrefixSharedYesNo(model, encoder.yes_id, encoder.no_id).to(device)
+    module, reasons = build_causal_module(
+        model, encoder.yes_id, encoder.no_id, device, config.causal_path
+    )
     if config.compile:
         module.compile_layers()
     return CausalLMBackend(
@@ -298,6 +311,7 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
         device,
         pack_tokens=config.max_batch_tokens if config.pack_searches else None,
         pack_rows=config.max_batch_size,
+        path_reasons=reasons,
     )
 
 
