@@ -16,7 +16,6 @@ reported as ``no_relevant_candidate``.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,9 +30,6 @@ from acare_ray.metrics import (
     DEFAULT_MEASURES,
     bootstrap_ci,
     evaluate,
-    holm_bonferroni,
-    paired_bootstrap_test,
-    paired_randomization_test,
     parse_measure,
     write_trec_qrels,
     write_trec_run,
@@ -42,7 +38,12 @@ from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
 from acare_ray.offline.report import format_table, write_chart, write_markdown
 from acare_ray.offline.resume import resolve
-from acare_ray.offline.session_eval import load_column, load_sessions, session_section
+from acare_ray.offline.session_eval import (
+    load_column,
+    load_sessions,
+    paired_comparisons,
+    session_section,
+)
 
 TESTS = ("randomization", "bootstrap")
 
@@ -161,35 +162,19 @@ def select_queries(
 def compare_modes(
     per_query: dict[str, dict[str, dict[str, float]]], config: EvalConfig
 ) -> list[dict[str, Any]]:
-    """Paired tests for every two modes and every measure; Holm across the pairs of a measure.
-
-    ``ci_low``/``ci_high`` bound the mean difference (b - a) by paired bootstrap."""
-    out = []
-    for measure in config.measures:
-        rows = []
-        for a, b in itertools.combinations(config.modes, 2):
-            va, vb = per_query[a][measure], per_query[b][measure]
-            args = {"n_resamples": config.n_resamples, "seed": config.seed}
-            boot = paired_bootstrap_test(va, vb, confidence=config.confidence, **args)
-            test = boot if config.test == "bootstrap" else paired_randomization_test(va, vb, **args)
-            rows.append(
-                {
-                    "measure": measure,
-                    "a": a,
-                    "b": b,
-                    "mean_a": test.mean_a,
-                    "mean_b": test.mean_b,
-                    "diff": test.mean_diff,
-                    "ci_low": boot.ci[0],
-                    "ci_high": boot.ci[1],
-                    "p_value": test.p_value,
-                }
-            )
-        for row, adjusted in zip(rows, holm_bonferroni([r["p_value"] for r in rows])):
-            row["p_holm"] = adjusted
-            row["significant"] = adjusted <= config.alpha
-        out.extend(rows)
-    return out
+    """Paired tests (by search) for every two modes and every measure; Holm across the pairs
+    of a measure (:func:`acare_ray.offline.session_eval.paired_comparisons`)."""
+    return paired_comparisons(
+        per_query,
+        config.modes,
+        config.measures,
+        config.test,
+        config.n_resamples,
+        config.seed,
+        config.confidence,
+        config.alpha,
+        "n_queries",
+    )
 
 
 def _input_notes(path: str) -> dict[str, Any]:

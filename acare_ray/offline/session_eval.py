@@ -89,7 +89,7 @@ def load_sessions(path: str, group_by: str | None = None) -> SessionData:
     return data
 
 
-def _compare(
+def paired_comparisons(
     values: Mapping[str, Mapping[str, Mapping[str, float]]],
     modes: Sequence[str],
     measures: Sequence[str],
@@ -98,7 +98,11 @@ def _compare(
     seed: int,
     confidence: float,
     alpha: float,
+    count_key: str = "n_paired",
 ) -> list[dict[str, Any]]:
+    """Paired tests for every two modes and every measure of ``values[mode][measure][unit]``
+    (units: searches or sessions); Holm across the pairs of a measure. ``ci_low``/``ci_high``
+    bound the mean difference (b - a) by paired bootstrap; ``count_key`` names the unit count."""
     out = []
     for measure in measures:
         rows = []
@@ -121,7 +125,7 @@ def _compare(
                     "ci_low": boot.ci[0],
                     "ci_high": boot.ci[1],
                     "p_value": result.p_value,
-                    "n_sessions": result.n_queries,
+                    count_key: result.n_queries,
                 }
             )
         for row, adjusted in zip(rows, holm_bonferroni([r["p_value"] for r in rows])):
@@ -217,8 +221,8 @@ def session_section(
         "measures": measures,
         "metrics": summary,
         "first_found": first_found,
-        "comparisons": _compare(
-            values, modes, measures, test, n_resamples, seed, confidence, alpha
+        "comparisons": paired_comparisons(
+            values, modes, measures, test, n_resamples, seed, confidence, alpha, "n_sessions"
         ),
         "per_session": {mode: {m: values[mode][m] for m in names} for mode in modes},
     }
