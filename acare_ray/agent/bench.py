@@ -30,7 +30,7 @@ from acare_ray.agent.rerankers import (
     ScorerReranker,
 )
 from acare_ray.agent.simulate import TaskResult, progress_printer, run_sessions
-from acare_ray.agent.tasks import SPLITS, Task, build_tasks, select_records
+from acare_ray.agent.tasks import SPLITS, Task, build_tasks, records_by_id, select_records
 from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
 RERANKERS = ("none", "oracle", "model", "endpoint")
@@ -42,7 +42,9 @@ TESTED = ("success", "searches", "session_recall")
 class AgentBenchConfig:
     """``reranker``: ``none`` (BM25 order), ``oracle``, ``model`` (in-process ``model`` in each
     of ``modes``) or ``endpoint`` (``endpoint`` URL in each of ``modes``). ``baseline`` adds the
-    BM25 system beside an oracle, model or endpoint."""
+    BM25 system beside an oracle, model or endpoint. ``task_ids``, when given, is the task list
+    itself (MuSiQue ids, in that order) instead of a draw of ``tasks`` by ``seed`` from
+    ``split``."""
 
     out: str
     tasks: int = 100
@@ -64,6 +66,7 @@ class AgentBenchConfig:
     n_resamples: int = 10_000
     progress_every: int = 10
     data_dir: str | None = None
+    task_ids: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.reranker not in RERANKERS:
@@ -89,6 +92,8 @@ class AgentBenchConfig:
         out = asdict(self)
         out.pop("api_key")
         out["modes"] = list(self.modes)
+        if self.task_ids is not None:
+            out["task_ids"] = list(self.task_ids)
         return out
 
 
@@ -144,6 +149,7 @@ def summarize(results: list[TaskResult], wall_s: float, common: set[str]) -> dic
         "steps": sum(r.n_steps for r in results),
         "session_recall": float(np.mean([r.session_recall for r in results])),
         "rerank_s_per_task": sum(r.rerank_s for r in results) / n,
+        "rerank_tokens_per_task": sum(r.tokens for r in results) / n,
         "latency_ms": _percentiles([s.latency_s for r in results for s in r.searches]),
         "searches": total,
         "wall_s": wall_s,
@@ -204,16 +210,17 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def format_table(report: dict[str, Any]) -> str:
     header = (
         "| system | success | searches/task | on common | searches/solved step | session recall"
-        " | rerank s/task | p50 ms | p95 ms | p99 ms | searches/s |"
+        " | rerank s/task | tokens/task | p50 ms | p95 ms | p99 ms | searches/s |"
     )
-    lines = [header, "|" + "---|" * 11]
+    lines = [header, "|" + "---|" * 12]
     for name, s in report["systems"].items():
         lat = s["latency_ms"]
         lines.append(
             f"| {name} | {_fmt(s['success_rate'])} ({s['solved']}/{s['tasks']}) "
             f"| {_fmt(s['searches_per_task'], 2)} | {_fmt(s['searches_per_task_common'], 2)} "
             f"| {_fmt(s['searches_per_solved_step'], 2)} | {_fmt(s['session_recall'])} "
-            f"| {_fmt(s['rerank_s_per_task'])} | {_fmt(lat['p50'], 1)} | {_fmt(lat['p95'], 1)} "
+            f"| {_fmt(s['rerank_s_per_task'])} | {s['rerank_tokens_per_task']:.0f} "
+            f"| {_fmt(lat['p50'], 1)} | {_fmt(lat['p95'], 1)} "
             f"| {_fmt(lat['p99'], 1)} | {_fmt(s['searches_per_s'], 1)} |"
         )
     return "\n".join(lines)
@@ -286,7 +293,11 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
     from acare_ray.data.musique import load_musique
 
     started = time.perf_counter()
-    records = select_records(load_musique(config.data_dir), config.tasks, config.seed, config.split)
+    records = load_musique(config.data_dir)
+    if config.task_ids is not None:
+        records = records_by_id(records, config.task_ids)
+    else:
+        records = select_records(records, config.tasks, config.seed, config.split)
     tasks, corpus = build_tasks(records)
     systems = make_rerankers(config, tasks)
     per_system: dict[str, list[TaskResult]] = {}
@@ -327,7 +338,7 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
         "common_tasks": len(common),
         "tests": paired_tests(per_system, config.n_resamples, config.seed),
         "tasks": {
-            name: [r.outcome() | {"rerank_s": r.rerank_s} for r in results]
+            name: [r.outcome() | {"rerank_s": r.rerank_s, "tokens": r.tokens} for r in results]
             for name, results in per_system.items()
         },
         "files": files,

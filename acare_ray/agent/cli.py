@@ -13,6 +13,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 def agent_bench_command(args: argparse.Namespace) -> int:
     from acare_ray.agent.bench import AgentBenchConfig, format_table, run
+    from acare_ray.agent.tasks import read_task_ids
 
     if args.model is not None:
         reranker = "model"
@@ -21,6 +22,7 @@ def agent_bench_command(args: argparse.Namespace) -> int:
     else:
         reranker = args.reranker or "none"
     try:
+        task_ids = read_task_ids(args.task_ids) if args.task_ids else None
         config = AgentBenchConfig(
             out=args.out,
             tasks=args.tasks,
@@ -41,9 +43,10 @@ def agent_bench_command(args: argparse.Namespace) -> int:
             max_batch_tokens=args.max_batch_tokens,
             n_resamples=args.resamples,
             progress_every=args.progress_every,
+            task_ids=task_ids,
         )
         report = run(config)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         print(f"acare {args.command}: error: {err}", file=sys.stderr)
         return 2
     print(format_table(report))
@@ -58,6 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--tasks", type=int, default=100, help="MuSiQue questions to run")
     bench.add_argument("--seed", type=int, default=0, help="task draw and test resampling")
     bench.add_argument("--split", default="dev", choices=["dev", "train", "all"])
+    bench.add_argument(
+        "--task-ids",
+        default=None,
+        help="file of MuSiQue ids, one per line: run exactly these tasks (overrides --tasks)",
+    )
     which = bench.add_mutually_exclusive_group()
     which.add_argument("--model", default=None, help="in-process Scorer: HF id, path or alias")
     which.add_argument("--endpoint", default=None, help="Cohere-compatible base URL (/v2/rerank)")

@@ -44,6 +44,15 @@ class Reranker(Protocol):
         ...
 
 
+def rerank_counted(reranker: Reranker, request: RerankRequest, top_n: int) -> tuple[list[int], int]:
+    """``(indices, tokens scored)``: a reranker that runs a model says what it scored through
+    its own ``rerank_counted``; one that has none (BM25 order, the oracle) scored 0 tokens."""
+    counted = getattr(reranker, "rerank_counted", None)
+    if counted is None:
+        return reranker.rerank(request, top_n), 0
+    return counted(request, top_n)
+
+
 def check_order(order: Sequence[int], n_documents: int, top_n: int, who: str) -> list[int]:
     """``order`` as ints, or ValueError when it repeats, leaves range or exceeds ``top_n``."""
     out = [int(i) for i in order]
@@ -93,14 +102,21 @@ class ScorerReranker:
         self.lock = lock or threading.Lock()
 
     def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        return self.rerank_counted(request, top_n)[0]
+
+    def rerank_counted(self, request: RerankRequest, top_n: int) -> tuple[list[int], int]:
+        """The ranking and the prompt tokens the scorer ran for it (its ``stats.real_tokens``)."""
         if not request.documents:
-            return []
+            return [], 0
         context = AgentContext(
             sub_query=request.query, question=request.question, reasoning=request.reasoning
         )
         with self.lock:
+            stats = getattr(self.scorer, "stats", None)
+            before = stats.real_tokens if stats is not None else 0
             ranking = self.scorer.rank(context, list(request.documents), self.mode, top_k=top_n)
-        return [int(i) for i in ranking.indices]
+            tokens = (stats.real_tokens - before) if stats is not None else 0
+        return [int(i) for i in ranking.indices], int(tokens)
 
 
 class EndpointError(RuntimeError):
@@ -147,8 +163,13 @@ class EndpointReranker:
         }
 
     def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+        return self.rerank_counted(request, top_n)[0]
+
+    def rerank_counted(self, request: RerankRequest, top_n: int) -> tuple[list[int], int]:
+        """The ranking and the tokens the endpoint reports (``meta.tokens.input_tokens``; 0 when
+        it reports none)."""
         if not request.documents:
-            return []
+            return [], 0
         body = self.body(request, top_n)
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
@@ -164,8 +185,9 @@ class EndpointReranker:
                 continue
             if response.status_code != 200:
                 raise EndpointError(f"{self.url}: HTTP {response.status_code}: {response.text}")
-            results = response.json()["results"]
-            return [int(r["index"]) for r in results]
+            answer = response.json()
+            tokens = ((answer.get("meta") or {}).get("tokens") or {}).get("input_tokens") or 0
+            return [int(r["index"]) for r in answer["results"]], int(tokens)
         raise EndpointError(f"{self.url}: no answer after {self.retries} retries")
 
     def close(self) -> None:

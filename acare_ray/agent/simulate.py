@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from acare_ray.agent.rerankers import Reranker, RerankRequest, check_order
+from acare_ray.agent.rerankers import Reranker, RerankRequest, check_order, rerank_counted
 from acare_ray.agent.tasks import Corpus, Task
 from acare_ray.data.musique import resolve_step, synthetic_reasoning
 
@@ -56,6 +56,7 @@ class SearchRecord:
     solved: bool
     rerank_s: float
     latency_s: float  # first stage + rerank
+    tokens: int = 0  # prompt tokens the reranker scored (0 for BM25 order and the oracle)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class TaskResult:
     def rerank_s(self) -> float:
         return sum(s.rerank_s for s in self.searches)
 
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.searches)
+
     def outcome(self) -> dict[str, Any]:
         """Everything but the timings: equal for equal rankings, whatever the scheduling."""
         return {
@@ -88,7 +93,7 @@ class TaskResult:
             "searches_per_step": list(self.searches_per_step),
             "session_recall": self.session_recall,
             "searches": [
-                {k: v for k, v in asdict(s).items() if k not in ("rerank_s", "latency_s")}
+                {k: v for k, v in asdict(s).items() if k not in ("rerank_s", "latency_s", "tokens")}
                 for s in self.searches
             ],
         }
@@ -164,7 +169,7 @@ def run_task(
                 step=k,
             )
             ranked = time.perf_counter()
-            order = reranker.rerank(request, depth) if positions else []
+            order, tokens = rerank_counted(reranker, request, depth) if positions else ([], 0)
             order = check_order(order, len(positions), depth, f"reranker {reranker.name}")
             end = time.perf_counter()
             returned = tuple(request.doc_ids[i] for i in order)
@@ -180,6 +185,7 @@ def run_task(
                     solved=solved,
                     rerank_s=end - ranked,
                     latency_s=end - start,
+                    tokens=tokens,
                 )
             )
             if solved:

@@ -58,6 +58,30 @@ def select_records(
     return pool[:n]
 
 
+def records_by_id(records: Sequence[dict[str, Any]], ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The records with ``ids``, in that order (a fixed task list, e.g. a training run's held-out
+    questions). An unknown or repeated id raises ValueError naming it and its position."""
+    index = {str(r["id"]): r for r in records}
+    out, seen = [], set()
+    for position, task_id in enumerate(ids, start=1):
+        if task_id in seen:
+            raise ValueError(f"task id {task_id!r} (entry {position}) is listed twice")
+        if task_id not in index:
+            raise ValueError(f"task id {task_id!r} (entry {position}) is not a MuSiQue record id")
+        seen.add(task_id)
+        out.append(index[task_id])
+    if not out:
+        raise ValueError("the task id list is empty")
+    return out
+
+
+def read_task_ids(path: str) -> tuple[str, ...]:
+    """Task ids from a text file: one id per line; blank lines and ``#`` comments ignored."""
+    with open(path, encoding="utf-8") as f:
+        lines = (line.split("#", 1)[0].strip() for line in f)
+        return tuple(line for line in lines if line)
+
+
 def _tokens(texts: Sequence[str]) -> list[list[str]]:
     # The same tokenization as acare_ray.data.bm25 (lowercase words, English stopwords removed).
     return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)

@@ -157,6 +157,13 @@ def test_cli_writes_json_markdown_and_png(records, tiny_qwen3_dir, tmp_path, cap
         report["systems"]["bm25"]["rerank_s_per_task"]
         < report["systems"]["M3"]["rerank_s_per_task"]
     )
+    assert report["systems"]["bm25"]["rerank_tokens_per_task"] == 0
+    # M3 adds the question and the reasoning to every prompt: more tokens than M0.
+    assert (
+        0
+        < report["systems"]["M0"]["rerank_tokens_per_task"]
+        < report["systems"]["M3"]["rerank_tokens_per_task"]
+    )
     assert len(report["tests"]) == 3 * 3  # 3 measures x 3 pairs
     assert all(t["p_holm"] >= t["p_value"] for t in report["tests"])
     assert "| M3 |" in (tmp_path / "agent_bench.md").read_text()
@@ -188,7 +195,8 @@ def test_endpoint_reranker_sends_the_context_and_retries_503():
                 "results": [
                     {"index": 2, "relevance_score": 0.9},
                     {"index": 0, "relevance_score": 0.1},
-                ]
+                ],
+                "meta": {"tokens": {"input_tokens": 42, "output_tokens": 0}},
             }
             data = json.dumps(payload if status == 200 else {"detail": "busy"}).encode()
             self.send_response(status)
@@ -214,7 +222,7 @@ def test_endpoint_reranker_sends_the_context_and_retries_503():
             documents=("a", "b", "c"),
             doc_ids=("1", "2", "3"),
         )
-        assert reranker.rerank(request, top_n=2) == [2, 0]
+        assert reranker.rerank_counted(request, top_n=2) == ([2, 0], 42)
         reranker.close()
     finally:
         server.shutdown()
@@ -231,3 +239,24 @@ def test_endpoint_reranker_sends_the_context_and_retries_503():
         "reasoning": "r.",
         "mode": "M2",
     }
+
+
+def test_task_ids_file_runs_exactly_those_tasks(records, tmp_path, capsys):
+    from acare_ray.cli import main
+
+    chosen = [r["id"] for r in records[:3]][::-1]
+    ids = tmp_path / "ids.txt"
+    ids.write_text("# held-out questions\n" + "\n".join(chosen) + "\n\n")
+    out = tmp_path / "out"
+    code = main(
+        ["agent-bench", "--task-ids", str(ids), "--reranker", "oracle", "--resamples", "50"]
+        + ["--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads((out / "agent_bench.json").read_text())
+    assert report["config"]["task_ids"] == chosen
+    assert [t["task_id"] for t in report["tasks"]["oracle"]] == chosen
+
+    ids.write_text(chosen[0] + "\nno-such-question\n")
+    assert main(["agent-bench", "--task-ids", str(ids), "--out", str(out)]) == 2
+    assert "'no-such-question' (entry 2) is not a MuSiQue record id" in capsys.readouterr().err

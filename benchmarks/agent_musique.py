@@ -1,0 +1,280 @@
+"""The agent-loop results run: BM25 alone vs a MuSiQue-trained MiniLM in M0, M2, M3, in-process
+and through ``acare serve`` at 1, 4 and 16 agents, on the quality run's held-out questions.
+
+The tasks are exactly the questions ``quality_musique.py`` held out (``split_questions`` with the
+same ``--test-questions`` and ``--seed``), so no task was trained on; ``--checkpoint`` is the
+checkpoint that run trained. Every stage is one ``acare agent-bench`` command, run as a user
+runs it (the commands are recorded); the served stages start ``acare serve --model CHECKPOINT``
+on a fresh local Ray cluster and stop it after.
+
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/agent_musique.py \\
+        --checkpoint runs/transfer_musique/runs/<run>/checkpoint_0000149
+
+Writes ``benchmarks/results/<name>.{json,md,png}`` (the in-process chart). A stage whose
+``agent_bench.json`` already exists under ``--work-dir`` is not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from quality_musique import split_questions  # noqa: E402
+
+SUMMARY_KEYS = (
+    "success_rate",
+    "searches_per_task",
+    "searches_per_task_common",
+    "searches_per_solved_step",
+    "session_recall",
+    "rerank_s_per_task",
+    "rerank_tokens_per_task",
+    "latency_ms",
+    "searches_per_s",
+)
+
+
+def held_out_ids(n_test: int, seed: int) -> list[str]:
+    from acare_ray.data.musique import musique_searches
+
+    _, test = split_questions(musique_searches("distractor"), n_test, seed)
+    return sorted(set(test.column("session_id").to_pylist()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def acare(*args: str) -> list[str]:
+    return [sys.executable, "-m", "acare_ray.cli", *args]
+
+
+def run_stage(name: str, command: list[str], work: Path, log) -> dict:
+    """One agent-bench command (skipped when its report exists); its report."""
+    out = work / name
+    report = out / "agent_bench.json"
+    if not report.exists():
+        print(f"[{name}] {' '.join(command)}", file=log, flush=True)
+        started = time.perf_counter()
+        subprocess.run(command + ["--out", str(out)], check=True, stdout=log, stderr=log)
+        print(f"[{name}] done in {time.perf_counter() - started:.0f} s", file=log, flush=True)
+    return json.loads(report.read_text())
+
+
+class Server:
+    """``acare serve --model CHECKPOINT`` on a fresh local cluster (its own temp dir)."""
+
+    def __init__(self, checkpoint: str, work: Path, log) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.temp = Path(os.environ.get("TMPDIR", "/tmp")) / f"acare-bench-ray-{self.port}"
+        env = os.environ | {
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "ACARE_API_KEY": "",
+            "RAY_TMPDIR": str(self.temp),
+        }
+        self.command = acare(
+            "serve", "--model", checkpoint, "--port", str(self.port), "--address", "local"
+        )
+        self.log = (work / "serve.log").open("a")
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"acare serve exited {self.process.returncode}; see serve.log")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                    print(f"serving at {self.base}", file=log, flush=True)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError("acare serve did not answer /health in 300 s")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def summary_row(system: str, where: str, agents: int, summary: dict) -> dict:
+    return {"system": system, "where": where, "agents": agents} | {
+        k: summary.get(k) for k in SUMMARY_KEYS
+    }
+
+
+def write_markdown(result: dict, path: Path) -> None:
+    lines = [
+        "# Agent loop on MuSiQue: BM25 alone vs the MuSiQue-trained MiniLM (M0, M2, M3)",
+        "",
+        f"{result['n_tasks']} held-out questions (the quality run's split, seed "
+        f"{result['seed']}), corpus {result['corpus_size']} paragraphs, BM25 top 100, "
+        "10 unseen documents per search, 3 searches per step. Machine: "
+        f"{result['machine']}.",
+        "",
+        "| system | where | agents | success | searches/task | on common | searches/solved step "
+        "| session recall | rerank s/task | tokens/task | latency p50/p95/p99 ms | searches/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in result["rows"]:
+        lat = r["latency_ms"] or {}
+        common = r["searches_per_task_common"]
+        lines.append(
+            f"| {r['system']} | {r['where']} | {r['agents']} | {r['success_rate']:.3f} "
+            f"| {r['searches_per_task']:.2f} | {'-' if common is None else f'{common:.2f}'} "
+            f"| {r['searches_per_solved_step']:.2f} | {r['session_recall']:.3f} "
+            f"| {r['rerank_s_per_task']:.2f} | {r['rerank_tokens_per_task']:.0f} "
+            f"| {lat.get('p50', 0):.0f} / {lat.get('p95', 0):.0f} / {lat.get('p99', 0):.0f} "
+            f"| {r['searches_per_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "Paired tests by task (in-process systems; randomization, Holm over the pairs of each "
+        "measure):",
+        "",
+        "| measure | a | b | mean b - a | p | p (Holm) |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for t in result["tests"]:
+        lines.append(
+            f"| {t['measure']} | {t['a']} | {t['b']} | {t['mean_diff']:+.3f} | {t['p_value']:.4f} "
+            f"| {t['p_holm']:.4f} |"
+        )
+    lines += [
+        "",
+        "'on common': searches per task over the tasks every system of that run solved (the "
+        "served runs have no BM25 system, so their common set can be larger).",
+        "",
+        "Served stages agree with in-process on "
+        + ", ".join(f"{k}: {v}" for k, v in result["served_agreement"].items())
+        + " (tasks with identical outcomes / all).",
+        "",
+        "Commands:",
+        "",
+        "```bash",
+        *result["commands"],
+        "```",
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="quality_musique.py's checkpoint")
+    parser.add_argument("--test-questions", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", default="M0,M2,M3")
+    parser.add_argument("--served-modes", default="M0,M2,M3")
+    parser.add_argument("--agents", default="1,4,16", help="served concurrency levels")
+    parser.add_argument("--work-dir", default=str(ROOT / "runs" / "agent_musique"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--name", default="agent-musique-cpu-minilm")
+    args = parser.parse_args()
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint = str(Path(args.checkpoint).resolve())
+    ids = held_out_ids(args.test_questions, args.seed)
+    ids_path = work / "heldout_ids.txt"
+    ids_path.write_text("\n".join(ids) + "\n", encoding="utf-8")
+    common = ["agent-bench", "--task-ids", str(ids_path), "--seed", str(args.seed)]
+    log = (work / "agent_musique.log").open("a")
+    commands = []
+
+    local_cmd = acare(*common, "--model", checkpoint, "--modes", args.modes, "--device", "cpu")
+    commands.append(" ".join(local_cmd[2:]))
+    local = run_stage("inprocess", local_cmd, work, log)
+    rows = [summary_row(name, "in-process", 1, s) for name, s in local["systems"].items()]
+    agreement = {}
+    levels = [int(a) for a in args.agents.split(",") if a]
+    pending = [n for n in levels if not (work / f"served-{n}" / "agent_bench.json").exists()]
+    server = Server(checkpoint, work, log) if pending else None
+    try:
+        for n in levels:
+            cmd = acare(
+                *common,
+                "--endpoint",
+                server.base if server else "http://127.0.0.1:8000",
+                "--modes",
+                args.served_modes,
+                "--agents",
+                str(n),
+                "--no-baseline",
+            )
+            commands.append(" ".join(cmd[2:]).replace(server.base if server else "", "$URL"))
+            served = run_stage(f"served-{n}", cmd, work, log)
+            for name, s in served["systems"].items():
+                rows.append(summary_row(name, "acare serve", n, s))
+                same = sum(
+                    a == b
+                    for a, b in zip(
+                        (
+                            {k: v for k, v in t.items() if k != "rerank_s"}
+                            for t in local["tasks"][name]
+                        ),
+                        (
+                            {k: v for k, v in t.items() if k != "rerank_s"}
+                            for t in served["tasks"][name]
+                        ),
+                    )
+                )
+                agreement[f"{name} at {n} agents"] = f"{same}/{len(served['tasks'][name])}"
+    finally:
+        if server is not None:
+            server.stop()
+    log.close()
+
+    result = {
+        "benchmark": "agent_musique",
+        "checkpoint": Path(checkpoint).name,
+        "seed": args.seed,
+        "n_tasks": local["n_tasks"],
+        "corpus_size": local["corpus_size"],
+        "task_ids": ids,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "git_commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
+        "rows": rows,
+        "tests": local["tests"],
+        "served_agreement": agreement,
+        "commands": commands,
+    }
+    out = Path(args.out)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    write_markdown(result, out / f"{args.name}.md")
+    shutil.copyfile(work / "inprocess" / "agent_bench.png", out / f"{args.name}.png")
+    print((out / f"{args.name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
