@@ -136,8 +136,9 @@ def write_markdown(result: dict, path: Path) -> None:
         "# Agent loop on MuSiQue: BM25 alone vs the MuSiQue-trained MiniLM (M0, M2, M3)",
         "",
         f"{result['n_tasks']} held-out questions (the quality run's split, seed "
-        f"{result['seed']}), corpus {result['corpus_size']} paragraphs, BM25 top 100, "
-        "10 unseen documents per search, 3 searches per step. Machine: "
+        f"{result['seed']}), corpus {result['corpus_size']} paragraphs (every MuSiQue "
+        f"question's), BM25 top 100, {result['depth']} unseen documents per search, 3 searches "
+        "per step. Machine: "
         f"{result['machine']}.",
         "",
         "| system | where | agents | success | searches/task | on common | searches/solved step "
@@ -193,8 +194,11 @@ def main() -> None:
     parser.add_argument("--test-questions", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", default="M0,M2,M3")
-    parser.add_argument("--served-modes", default="M0,M2,M3")
-    parser.add_argument("--agents", default="1,4,16", help="served concurrency levels")
+    parser.add_argument("--served-modes", default="M3")
+    parser.add_argument(
+        "--agents", default="1,4,16", help="served concurrency levels ('' for none)"
+    )
+    parser.add_argument("--depth", type=int, default=10, help="unseen documents per search")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "agent_musique"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="agent-musique-cpu-minilm")
@@ -207,6 +211,7 @@ def main() -> None:
     ids_path = work / "heldout_ids.txt"
     ids_path.write_text("\n".join(ids) + "\n", encoding="utf-8")
     common = ["agent-bench", "--task-ids", str(ids_path), "--seed", str(args.seed)]
+    common += ["--depth", str(args.depth)]
     log = (work / "agent_musique.log").open("a")
     commands = []
 
@@ -257,6 +262,7 @@ def main() -> None:
         "benchmark": "agent_musique",
         "checkpoint": Path(checkpoint).name,
         "seed": args.seed,
+        "depth": args.depth,
         "n_tasks": local["n_tasks"],
         "corpus_size": local["corpus_size"],
         "task_ids": ids,
@@ -273,6 +279,7 @@ def main() -> None:
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     write_markdown(result, out / f"{args.name}.md")
     shutil.copyfile(work / "inprocess" / "agent_bench.png", out / f"{args.name}.png")
+    shutil.copyfile(work / "inprocess" / "agent_bench.md", out / f"{args.name}-inprocess.md")
     print((out / f"{args.name}.md").read_text())
 
 

@@ -35,6 +35,7 @@ from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
 RERANKERS = ("none", "oracle", "model", "endpoint")
 MODES = ("M0", "M1", "M2", "M3", "auto")
+CORPORA = ("all", "tasks")
 TESTED = ("success", "searches", "session_recall")
 
 
@@ -67,8 +68,11 @@ class AgentBenchConfig:
     progress_every: int = 10
     data_dir: str | None = None
     task_ids: tuple[str, ...] | None = None
+    corpus: str = "all"
 
     def __post_init__(self) -> None:
+        if self.corpus not in CORPORA:
+            raise ValueError(f"corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
         if self.reranker not in RERANKERS:
             raise ValueError(
                 f"reranker must be one of {', '.join(RERANKERS)}, got {self.reranker!r}"
@@ -293,12 +297,12 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
     from acare_ray.data.musique import load_musique
 
     started = time.perf_counter()
-    records = load_musique(config.data_dir)
+    everything = load_musique(config.data_dir)
     if config.task_ids is not None:
-        records = records_by_id(records, config.task_ids)
+        records = records_by_id(everything, config.task_ids)
     else:
-        records = select_records(records, config.tasks, config.seed, config.split)
-    tasks, corpus = build_tasks(records)
+        records = select_records(everything, config.tasks, config.seed, config.split)
+    tasks, corpus = build_tasks(records, everything if config.corpus == "all" else ())
     systems = make_rerankers(config, tasks)
     per_system: dict[str, list[TaskResult]] = {}
     walls: dict[str, float] = {}

@@ -44,6 +44,7 @@ def agent_bench_command(args: argparse.Namespace) -> int:
             n_resamples=args.resamples,
             progress_every=args.progress_every,
             task_ids=task_ids,
+            corpus=args.corpus,
         )
         report = run(config)
     except (ValueError, OSError) as err:
@@ -65,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--task-ids",
         default=None,
         help="file of MuSiQue ids, one per line: run exactly these tasks (overrides --tasks)",
+    )
+    bench.add_argument(
+        "--corpus",
+        default="all",
+        choices=["all", "tasks"],
+        help="search the paragraphs of every MuSiQue question (all, the open setting) or only "
+        "of the tasks run (tasks)",
     )
     which = bench.add_mutually_exclusive_group()
     which.add_argument("--model", default=None, help="in-process Scorer: HF id, path or alias")

@@ -117,11 +117,15 @@ class Corpus:
         return tuple(sorted(known, key=lambda t: self.document_frequency[t]))
 
 
-def build_tasks(records: Sequence[dict[str, Any]]) -> tuple[list[Task], Corpus]:
-    """Tasks (in ``records`` order) and the corpus of their pooled, deduplicated paragraphs."""
+def build_tasks(
+    records: Sequence[dict[str, Any]], corpus_records: Sequence[dict[str, Any]] = ()
+) -> tuple[list[Task], Corpus]:
+    """Tasks (in ``records`` order) and the corpus of the pooled, deduplicated paragraphs of
+    ``records`` and ``corpus_records`` (e.g. every MuSiQue question: the open setting)."""
     canonical: dict[str, str] = {}  # text -> first doc id with that text
     alias: dict[str, str] = {}
-    for record in records:
+    pooled = {str(r["id"]): r for r in [*records, *corpus_records]}
+    for record in pooled.values():
         for position, p in enumerate(record["paragraphs"]):
             if p["idx"] != position:
                 raise ValueError(f"id={record['id']}: paragraphs[{position}].idx is {p['idx']}")
