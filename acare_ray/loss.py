@@ -16,7 +16,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 DEFAULT_GROUP_SIZE = 8
 DEFAULT_TEMPERATURE = 0.5
@@ -80,24 +79,3 @@ def lce_loss(
     logits = grouped.to(torch.float32) / temperature
     target = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
     return F.cross_entropy(logits, target)
-
-
-class LCELoss(nn.Module):
-    """``nn.Module`` wrapper around :func:`lce_loss`; holds the temperature and group size.
-
-    ``LCELoss(temperature=0.5)(scores)`` with ``scores`` as described in :func:`lce_loss`.
-    """
-
-    def __init__(
-        self, temperature: float = DEFAULT_TEMPERATURE, group_size: int = DEFAULT_GROUP_SIZE
-    ) -> None:
-        super().__init__()
-        _check_temperature(temperature)
-        self.temperature = float(temperature)
-        self.group_size = group_size
-
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        return lce_loss(scores, group_size=self.group_size, temperature=self.temperature)
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, group_size={self.group_size}"

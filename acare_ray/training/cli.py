@@ -10,10 +10,6 @@ from acare_ray.training.config import STRATEGIES, TrainConfig
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "data"}
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
