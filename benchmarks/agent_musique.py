@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from quality_musique import split_questions  # noqa: E402
 
 SUMMARY_KEYS = (
+    "tasks",
     "success_rate",
     "searches_per_task",
     "searches_per_task_common",
@@ -53,6 +54,11 @@ def held_out_ids(n_test: int, seed: int) -> list[str]:
 
     _, test = split_questions(musique_searches("distractor"), n_test, seed)
     return sorted(set(test.column("session_id").to_pylist()))
+
+
+def relative(text: str) -> str:
+    """``text`` with this checkout's absolute paths made relative to it (results are shared)."""
+    return text.replace(sys.executable + " ", "python ").replace(str(ROOT) + "/", "")
 
 
 def free_port() -> int:
@@ -141,15 +147,16 @@ def write_markdown(result: dict, path: Path) -> None:
         "per step. Machine: "
         f"{result['machine']}.",
         "",
-        "| system | where | agents | success | searches/task | on common | searches/solved step "
+        "| system | where | agents | tasks | success | searches/task | on common | searches/solved step "
         "| session recall | rerank s/task | tokens/task | latency p50/p95/p99 ms | searches/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in result["rows"]:
         lat = r["latency_ms"] or {}
         common = r["searches_per_task_common"]
         lines.append(
-            f"| {r['system']} | {r['where']} | {r['agents']} | {r['success_rate']:.3f} "
+            f"| {r['system']} | {r['where']} | {r['agents']} | {r['tasks']} "
+            f"| {r['success_rate']:.3f} "
             f"| {r['searches_per_task']:.2f} | {'-' if common is None else f'{common:.2f}'} "
             f"| {r['searches_per_solved_step']:.2f} | {r['session_recall']:.3f} "
             f"| {r['rerank_s_per_task']:.2f} | {r['rerank_tokens_per_task']:.0f} "
@@ -174,7 +181,8 @@ def write_markdown(result: dict, path: Path) -> None:
         "'on common': searches per task over the tasks every system of that run solved (the "
         "served runs have no BM25 system, so their common set can be larger).",
         "",
-        "Served stages agree with in-process on "
+        f"Served stages: the first {result['served_tasks']} held-out tasks (same corpus). "
+        "They agree with in-process on "
         + ", ".join(f"{k}: {v}" for k, v in result["served_agreement"].items())
         + " (tasks with identical outcomes / all).",
         "",
@@ -199,6 +207,12 @@ def main() -> None:
         "--agents", default="1,4,16", help="served concurrency levels ('' for none)"
     )
     parser.add_argument("--depth", type=int, default=10, help="unseen documents per search")
+    parser.add_argument(
+        "--served-tasks",
+        type=int,
+        default=None,
+        help="run the served stages on the first N held-out tasks only (the corpus is the same)",
+    )
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "agent_musique"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="agent-musique-cpu-minilm")
@@ -210,13 +224,27 @@ def main() -> None:
     ids = held_out_ids(args.test_questions, args.seed)
     ids_path = work / "heldout_ids.txt"
     ids_path.write_text("\n".join(ids) + "\n", encoding="utf-8")
-    common = ["agent-bench", "--task-ids", str(ids_path), "--seed", str(args.seed)]
-    common += ["--depth", str(args.depth)]
+    common = ["agent-bench", "--seed", str(args.seed), "--depth", str(args.depth)]
+    served_ids_path = ids_path
+    if args.served_tasks is not None:
+        served_ids_path = work / "served_ids.txt"
+        served_ids_path.write_text("\n".join(ids[: args.served_tasks]) + "\n", encoding="utf-8")
     log = (work / "agent_musique.log").open("a")
     commands = []
 
-    local_cmd = acare(*common, "--model", checkpoint, "--modes", args.modes, "--device", "cpu")
-    commands.append(" ".join(local_cmd[2:]))
+    local_cmd = acare(
+        *common,
+        "--task-ids",
+        str(ids_path),
+        "--model",
+        checkpoint,
+        "--modes",
+        args.modes,
+        "--device",
+        "cpu",
+    )
+    commands.append("acare " + " ".join(local_cmd[3:]))
+    commands.append(f"acare serve --model {checkpoint} --port $PORT --address local  # then:")
     local = run_stage("inprocess", local_cmd, work, log)
     rows = [summary_row(name, "in-process", 1, s) for name, s in local["systems"].items()]
     agreement = {}
@@ -227,6 +255,8 @@ def main() -> None:
         for n in levels:
             cmd = acare(
                 *common,
+                "--task-ids",
+                str(served_ids_path),
                 "--endpoint",
                 server.base if server else "http://127.0.0.1:8000",
                 "--modes",
@@ -235,22 +265,19 @@ def main() -> None:
                 str(n),
                 "--no-baseline",
             )
-            commands.append(" ".join(cmd[2:]).replace(server.base if server else "", "$URL"))
+            url = server.base if server else "http://127.0.0.1:8000"
+            commands.append("acare " + " ".join(cmd[3:]).replace(url, "$URL"))
             served = run_stage(f"served-{n}", cmd, work, log)
             for name, s in served["systems"].items():
                 rows.append(summary_row(name, "acare serve", n, s))
+                local_tasks = {
+                    t["task_id"]: {k: v for k, v in t.items() if k not in ("rerank_s", "tokens")}
+                    for t in local["tasks"][name]
+                }
                 same = sum(
-                    a == b
-                    for a, b in zip(
-                        (
-                            {k: v for k, v in t.items() if k != "rerank_s"}
-                            for t in local["tasks"][name]
-                        ),
-                        (
-                            {k: v for k, v in t.items() if k != "rerank_s"}
-                            for t in served["tasks"][name]
-                        ),
-                    )
+                    local_tasks[t["task_id"]]
+                    == {k: v for k, v in t.items() if k not in ("rerank_s", "tokens")}
+                    for t in served["tasks"][name]
                 )
                 agreement[f"{name} at {n} agents"] = f"{same}/{len(served['tasks'][name])}"
     finally:
@@ -260,12 +287,13 @@ def main() -> None:
 
     result = {
         "benchmark": "agent_musique",
-        "checkpoint": Path(checkpoint).name,
+        "checkpoint": relative(checkpoint),
         "seed": args.seed,
         "depth": args.depth,
         "n_tasks": local["n_tasks"],
         "corpus_size": local["corpus_size"],
         "task_ids": ids,
+        "served_tasks": args.served_tasks or len(ids),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "git_commit": subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
@@ -273,13 +301,12 @@ def main() -> None:
         "rows": rows,
         "tests": local["tests"],
         "served_agreement": agreement,
-        "commands": commands,
+        "commands": [relative(c) for c in commands],
     }
     out = Path(args.out)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     write_markdown(result, out / f"{args.name}.md")
     shutil.copyfile(work / "inprocess" / "agent_bench.png", out / f"{args.name}.png")
-    shutil.copyfile(work / "inprocess" / "agent_bench.md", out / f"{args.name}-inprocess.md")
     print((out / f"{args.name}.md").read_text())
 
 

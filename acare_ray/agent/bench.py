@@ -235,8 +235,14 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     lines = [
         "# agent-bench",
         "",
-        f"{report['n_tasks']} MuSiQue tasks ({config['split']}, seed {config['seed']}), corpus "
-        f"{report['corpus_size']} paragraphs, BM25 top-{config['first_stage_k']} -> reranker -> "
+        f"{report['n_tasks']} MuSiQue tasks ("
+        + (
+            "from --task-ids"
+            if config.get("task_ids") is not None
+            else f"{config['split']}, seed {config['seed']}"
+        )
+        + f"), corpus {report['corpus_size']} paragraphs ({config['corpus']}), "
+        f"BM25 top-{config['first_stage_k']} -> reranker -> "
         f"top {config['depth']} unseen, budget {config['budget']} searches per step, "
         f"{config['agents']} agents in flight. Reranker: {config['reranker']}"
         + (f" `{config['model']}`" if config["model"] else "")

