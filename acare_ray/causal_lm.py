@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -318,6 +319,60 @@ class CausalLMBackend:
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:
         return self.encoder.render(context, document, mode)
 
+    # The rest of the Backend protocol (acare_ray.backend): checkpoints, training, online tokens.
+    document_lead = " "  # a document is tokenized as " " + text, after the prefix
+
+    @property
+    def hf_model(self) -> nn.Module:
+        return self.module.lm
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.encoder.tokenizer
+
+    @property
+    def max_length(self) -> int:
+        return self.encoder.config.max_length
+
+    def checkpoint_fields(self) -> dict[str, Any]:
+        return {"yes_token_id": self.encoder.yes_id, "no_token_id": self.encoder.no_id}
+
+    def trainable_module(self) -> nn.Module:
+        return self.module
+
+    def collate_groups(
+        self, prompts: Sequence[tuple[AgentContext, Mode]], documents: Sequence[Sequence[str]]
+    ) -> CausalBatch:
+        encoder = self.encoder
+        prefixes = [encoder.prefix_ids(context, mode) for context, mode in prompts]
+        budgets = [encoder.document_budget(len(p)) for p, d in zip(prefixes, documents) for _ in d]
+        flat = [text for group in documents for text in group]
+        seqs = [ids + encoder.suffix_ids for ids in encoder.document_ids(flat, budgets)]
+        pad_id = encoder.tokenizer.pad_token_id or 0
+        prefix_ids, prefix_lengths = pad_right(prefixes, pad_id)
+        steps = torch.arange(prefix_ids.shape[1])
+        doc_ids, doc_lengths = pad_right(seqs, pad_id)
+        return CausalBatch(
+            prefix_ids=prefix_ids,
+            prefix_mask=steps[None, :] < prefix_lengths[:, None],
+            doc_ids=doc_ids,
+            doc_lengths=doc_lengths,
+            doc_group=torch.tensor([g for g, group in enumerate(documents) for _ in group]),
+            modes=[mode for _, mode in prompts],
+        )
+
+    def context_tokens(self, context: AgentContext, mode: Mode) -> int:
+        return len(self.encoder.prefix_ids(context, mode))
+
+    def document_room(self, context_tokens: int) -> int:
+        return self.encoder.document_budget(context_tokens)
+
+    def request_cost(self, context_tokens: int, document_tokens: Sequence[int]) -> int:
+        if not document_tokens:
+            return 0
+        suffix = len(self.encoder.suffix_ids)
+        return context_tokens + sum(document_tokens) + suffix * len(document_tokens)
+
     def score_searches(
         self, searches: list[tuple[AgentContext, Mode, list[str]]]
     ) -> list[np.ndarray]:
@@ -429,6 +484,34 @@ class BackendStats:
     @property
     def padding_efficiency(self) -> float:
         return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
+
+
+@dataclass
+class CausalBatch:
+    """Inputs of :class:`PrefixSharedYesNo` for training: one prefix row per group."""
+
+    prefix_ids: torch.Tensor  # [G, P] right-padded
+    prefix_mask: torch.Tensor  # [G, P] bool
+    doc_ids: torch.Tensor  # [G * group_size, D] document + suffix ids, right-padded
+    doc_lengths: torch.Tensor  # [G * group_size]
+    doc_group: torch.Tensor  # [G * group_size] prefix row of each document
+    modes: list[Mode]
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return self.prefix_ids, self.prefix_mask, self.doc_ids, self.doc_lengths, self.doc_group
+
+    def to(self, device: torch.device) -> CausalBatch:
+        return move_tensors(self, device)
+
+
+def move_tensors(batch: Any, device: torch.device) -> Any:
+    """A copy of dataclass ``batch`` with its tensor fields on ``device``."""
+    moved = {
+        f.name: getattr(batch, f.name).to(device)
+        for f in fields(batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
+    return replace(batch, **moved)
 
 
 def pad_right(rows: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

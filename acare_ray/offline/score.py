@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from acare_ray.context import AgentContext, Mode, parse_mode
 from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
-from acare_ray.scorer import Scorer
+from acare_ray.scorer import Scorer, score_isolated
 
 RELABEL_OUTPUT = (
     TRAINING_GROUPS.insert(0, pa.field("search_id", pa.string()))
@@ -48,26 +48,6 @@ def parse_rows(rows: Sequence[Mapping[str, Any]]) -> list[Parsed]:
             out.append((ident, parse_search(row, index)))
         except RowError as err:
             out.append((ident, err))
-    return out
-
-
-def score_isolated(
-    scorer: Scorer, items: list[tuple[AgentContext, list[str]]], mode: str | Mode
-) -> list[np.ndarray | Exception]:
-    """``score_many`` over all items; if that fails, each item alone, so one bad search only
-    fails itself (its exception takes its place in the result)."""
-    if not items:
-        return []
-    try:
-        return list(scorer.score_many(items, mode))
-    except Exception:  # isolated below: every item still gets a result
-        pass
-    out: list[np.ndarray | Exception] = []
-    for item in items:
-        try:
-            out.append(scorer.score_many([item], mode)[0])
-        except Exception as err:  # recorded in the row's error
-            out.append(err)
     return out
 
 

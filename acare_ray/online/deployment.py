@@ -44,7 +44,7 @@ DEFAULT_MAX_BATCH_TOKENS = 65536
 # Below both configs' proxy request_timeout_s (60 s on GPU, 120 s on CPU) with room for the
 # request's own scoring and for throughput estimates that are off.
 DEFAULT_ADMISSION_DEADLINE_S = 10.0
-# Until a batch is measured: one loaded CPU core scoring MiniLM measured 845-2619 tokens/s.
+# Until a batch is measured: below what one loaded CPU core scoring MiniLM does (docs/speed.md).
 DEFAULT_ADMISSION_PRIOR_TOKENS_PER_S = 2000.0
 
 
@@ -238,6 +238,7 @@ class Reranker:
         failed = False
         try:
             results = await loop.run_in_executor(self.executor, self.service.score, jobs)
+            failed = all(isinstance(r, Exception) for r in results)
         except Exception as err:
             results, failed = [err] * len(items), True
         # A batch that failed measured no throughput.

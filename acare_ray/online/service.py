@@ -19,7 +19,7 @@ import numpy as np
 
 from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
 from acare_ray.online.tokens import TokenLayout
-from acare_ray.scorer import Scorer
+from acare_ray.scorer import Scorer, score_isolated
 
 
 class ClientError(Exception):
@@ -187,18 +187,7 @@ class RerankService:
         alone so one bad request never fails the requests batched with it.
         """
         items = [(job.context, list(job.documents)) for job in jobs]
-        try:
-            return list(self.scorer.score_many(items, AUTO))
-        except ValueError:
-            if len(jobs) == 1:
-                raise
-        results: list[np.ndarray | Exception] = []
-        for item in items:
-            try:
-                results.append(self.scorer.score_many([item], AUTO)[0])
-            except ValueError as err:
-                results.append(err)
-        return results
+        return score_isolated(self.scorer, items, AUTO, catch=(ValueError,))
 
     def tokens_scored(self, job: ScoringJob) -> int:
         """The tokens the model really computes for ``job`` (exact, unlike ``job.tokens``): what

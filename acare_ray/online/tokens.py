@@ -3,7 +3,8 @@
 The server needs two numbers per request before the model runs: how many tokens each document
 may keep (``max_tokens_per_doc`` and the model's room beside the prompt), and how many tokens
 the request will cost (the batch scheduler packs requests by this, admission weighs the work
-queued ahead with it). A :class:`TokenLayout` answers both for either backend:
+queued ahead with it). A :class:`TokenLayout` answers both for any backend (it asks the backend, see
+:mod:`acare_ray.backend`):
 
 - causal LM: the prompt prefix is shared by the request's documents (counted once), each
   document is tokenized as ``" " + doc`` and followed by the suffix;
@@ -58,51 +59,25 @@ class TokenLayout:
     """How one backend turns (context, documents) into tokens; see the module docstring."""
 
     def __init__(self, scorer: Any) -> None:
-        backend = scorer.backend
-        self.backend_name = backend.name
-        if backend.name == "causal_lm":
-            encoder = backend.encoder
-            self.tokenizer = encoder.tokenizer
-            self.lead = " "
-            self.shared_context = True
-            self._encoder = encoder
-            self._suffix = len(encoder.suffix_ids)
-            self.max_length = encoder.config.max_length
-        elif backend.name == "cross_encoder":
-            self.tokenizer = backend.tokenizer
-            self.lead = ""
-            self.shared_context = False
-            self._backend = backend
-            self._specials = self.tokenizer.num_special_tokens_to_add(pair=True)
-            self.max_length = backend.config.max_length
-        else:
-            raise ValueError(f"no token layout for backend {backend.name!r}")
+        self._backend = scorer.backend
+        self.backend_name = self._backend.name
+        self.tokenizer = self._backend.tokenizer
+        self.lead = self._backend.document_lead
+        self.max_length = self._backend.max_length
 
     def context_tokens(self, context: AgentContext, mode: Mode) -> int:
         """Tokens of everything but the document (caps applied). Raises if nothing fits."""
-        if self.shared_context:
-            return len(self._encoder.prefix_ids(context, mode))
-        text = self._backend.context_text(context, mode)
-        count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if count + self._specials >= self.max_length:
-            raise ValueError(
-                f"context is {count + self._specials} tokens, max_length is {self.max_length}"
-            )
-        return count
+        return self._backend.context_tokens(context, mode)
 
     def room(self, context_tokens: int) -> int:
         """How many document tokens fit beside the context under the model's max_length."""
-        if self.shared_context:
-            return self._encoder.document_budget(context_tokens)
-        return self.max_length - context_tokens - self._specials
+        return self._backend.document_room(context_tokens)
 
     def cost(self, context_tokens: int, document_tokens: Sequence[int]) -> int:
         """Tokens the model computes for one request (the shared prefix counted once)."""
         if not document_tokens:
             return 0
-        if self.shared_context:
-            return context_tokens + sum(document_tokens) + self._suffix * len(document_tokens)
-        return sum(document_tokens) + (context_tokens + self._specials) * len(document_tokens)
+        return self._backend.request_cost(context_tokens, document_tokens)
 
     def count(self, documents: Sequence[str]) -> list[int]:
         """Exact token counts of documents that fit already (as :meth:`fit` returns them)."""

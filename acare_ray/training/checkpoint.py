@@ -33,13 +33,11 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 
 def hf_model(scorer: Any) -> nn.Module:
     """The Hugging Face ``PreTrainedModel`` inside a scorer."""
-    backend = scorer.backend
-    return backend.module.lm if backend.name == "causal_lm" else backend.model
+    return scorer.backend.hf_model
 
 
 def hf_tokenizer(scorer: Any) -> Any:
-    backend = scorer.backend
-    return backend.encoder.tokenizer if backend.name == "causal_lm" else backend.tokenizer
+    return scorer.backend.tokenizer
 
 
 @contextlib.contextmanager

@@ -15,16 +15,16 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from acare_ray.causal_lm import pad_right
+from acare_ray.causal_lm import CausalBatch
 from acare_ray.context import AgentContext, FieldDropout, Mode
+from acare_ray.cross_encoder import PairBatch
 from acare_ray.schema import TRAINING_GROUPS, Group, RowError, parse_group
 
 NEMO_SUFFIXES = (".jsonl", ".json")
@@ -110,49 +110,8 @@ def epoch_order(n_groups: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 0]).permutation(n_groups)
 
 
-@dataclass
-class CausalBatch:
-    """Inputs of :class:`~acare_ray.causal_lm.PrefixSharedYesNo`: one prefix row per group."""
-
-    prefix_ids: torch.Tensor  # [G, P] right-padded
-    prefix_mask: torch.Tensor  # [G, P] bool
-    doc_ids: torch.Tensor  # [G * group_size, D] document + suffix ids, right-padded
-    doc_lengths: torch.Tensor  # [G * group_size]
-    doc_group: torch.Tensor  # [G * group_size] prefix row of each document
-    modes: list[Mode]
-
-    def inputs(self) -> tuple[torch.Tensor, ...]:
-        return self.prefix_ids, self.prefix_mask, self.doc_ids, self.doc_lengths, self.doc_group
-
-    def to(self, device: torch.device) -> CausalBatch:
-        return _to(self, device)
-
-
-@dataclass
-class PairBatch:
-    """Inputs of a cross-encoder: (context block, document) pair ids, groups laid out in turn."""
-
-    ids: torch.Tensor  # [G * group_size, L] right-padded
-    lengths: torch.Tensor  # [G * group_size]
-    modes: list[Mode]
-
-    def inputs(self) -> tuple[torch.Tensor, ...]:
-        return self.ids, self.lengths
-
-    def to(self, device: torch.device) -> PairBatch:
-        return _to(self, device)
-
-
+# The backends' training inputs; a backend's ``collate_groups`` makes them.
 Batch = CausalBatch | PairBatch
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    moved = {
-        f.name: getattr(batch, f.name).to(device)
-        for f in fields(batch)
-        if isinstance(getattr(batch, f.name), torch.Tensor)
-    }
-    return replace(batch, **moved)
 
 
 class GroupCollator:
@@ -163,8 +122,8 @@ class GroupCollator:
     """
 
     def __init__(self, backend: Any, group_size: int, dropout: FieldDropout) -> None:
-        if backend.name not in ("causal_lm", "cross_encoder"):
-            raise ValueError(f"no collator for backend {backend.name!r}")
+        if not callable(getattr(backend, "collate_groups", None)):
+            raise ValueError(f"backend {type(backend).__name__} cannot make training batches")
         self.backend = backend
         self.group_size = group_size
         self.dropout = dropout
@@ -188,33 +147,4 @@ class GroupCollator:
             raise ValueError("cannot collate an empty list of groups")
         prompts = [self.prompt(g, epoch) for g in groups]
         docs = [self.documents(g) for g in groups]
-        if self.backend.name == "causal_lm":
-            return self._causal(prompts, docs)
-        return self._pairs(prompts, docs)
-
-    def _causal(
-        self, prompts: list[tuple[AgentContext, Mode]], docs: list[list[str]]
-    ) -> CausalBatch:
-        encoder = self.backend.encoder
-        prefixes = [encoder.prefix_ids(context, mode) for context, mode in prompts]
-        budgets = [encoder.document_budget(len(p)) for p, d in zip(prefixes, docs) for _ in d]
-        flat = [text for group_docs in docs for text in group_docs]
-        seqs = [ids + encoder.suffix_ids for ids in encoder.document_ids(flat, budgets)]
-        pad_id = encoder.tokenizer.pad_token_id or 0
-        prefix_ids, prefix_lengths = pad_right(prefixes, pad_id)
-        steps = torch.arange(prefix_ids.shape[1])
-        doc_ids, doc_lengths = pad_right(seqs, pad_id)
-        return CausalBatch(
-            prefix_ids=prefix_ids,
-            prefix_mask=steps[None, :] < prefix_lengths[:, None],
-            doc_ids=doc_ids,
-            doc_lengths=doc_lengths,
-            doc_group=torch.arange(len(prefixes)).repeat_interleave(self.group_size),
-            modes=[mode for _, mode in prompts],
-        )
-
-    def _pairs(self, prompts: list[tuple[AgentContext, Mode]], docs: list[list[str]]) -> PairBatch:
-        searches = [(ctx, mode, group_docs) for (ctx, mode), group_docs in zip(prompts, docs)]
-        encoded = self.backend.encode(searches)
-        ids, lengths = pad_right(encoded, self.backend.tokenizer.pad_token_id or 0)
-        return PairBatch(ids=ids, lengths=lengths, modes=[mode for _, mode in prompts])
+        return self.backend.collate_groups(prompts, docs)

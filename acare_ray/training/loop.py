@@ -18,34 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from acare_ray.cross_encoder import PairScorer  # noqa: F401 - re-exported
 from acare_ray.loss import lce_loss
 from acare_ray.training.collator import Batch
 
 
-class PairScorer(nn.Module):
-    """A cross-encoder backend as an ``nn.Module``: ``forward(ids, lengths)`` -> logits ``[N]``.
-
-    It owns the backend's Hugging Face model (so DDP/FSDP see its parameters) and calls the
-    backend's ``forward_ids``, the function inference uses.
-    """
-
-    def __init__(self, backend: Any) -> None:
-        super().__init__()
-        self.model = backend.model
-        self._backend = backend
-
-    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self._backend.forward_ids(ids, lengths)
-
-
 def trainable_module(scorer: Any) -> nn.Module:
     """The differentiable scoring module of a :class:`~acare_ray.scorer.Scorer`."""
-    backend = scorer.backend
-    if backend.name == "causal_lm":
-        return backend.module
-    if backend.name == "cross_encoder":
-        return PairScorer(backend)
-    raise ValueError(f"cannot train backend {backend.name!r}")
+    return scorer.backend.trainable_module()
 
 
 def build_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
