@@ -46,6 +46,7 @@ SUMMARY_KEYS = (
     "rerank_tokens_per_task",
     "latency_ms",
     "searches_per_s",
+    "refused_retried",
 )
 
 
@@ -148,8 +149,9 @@ def write_markdown(result: dict, path: Path) -> None:
         f"{result['machine']}.",
         "",
         "| system | where | agents | tasks | success | searches/task | on common | searches/solved step "
-        "| session recall | rerank s/task | tokens/task | latency p50/p95/p99 ms | searches/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| session recall | rerank s/task | tokens/task | latency p50/p95/p99 ms | searches/s "
+        "| 503s retried |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in result["rows"]:
         lat = r["latency_ms"] or {}
@@ -161,7 +163,7 @@ def write_markdown(result: dict, path: Path) -> None:
             f"| {r['searches_per_solved_step']:.2f} | {r['session_recall']:.3f} "
             f"| {r['rerank_s_per_task']:.2f} | {r['rerank_tokens_per_task']:.0f} "
             f"| {lat.get('p50', 0):.0f} / {lat.get('p95', 0):.0f} / {lat.get('p99', 0):.0f} "
-            f"| {r['searches_per_s']:.2f} |"
+            f"| {r['searches_per_s']:.2f} | {r.get('refused_retried') or 0} |"
         )
     lines += [
         "",

@@ -312,6 +312,7 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
     systems = make_rerankers(config, tasks)
     per_system: dict[str, list[TaskResult]] = {}
     walls: dict[str, float] = {}
+    summaries_extra: dict[str, dict[str, Any]] = {}
     try:
         for reranker in systems:
             progress = progress_printer(reranker.name, len(tasks), config.progress_every)
@@ -338,12 +339,17 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
         "markdown": str(out / "agent_bench.md"),
         "chart": str(out / "agent_bench.png"),
     }
+    for reranker in systems:
+        refused = getattr(reranker, "refused", None)
+        if refused is not None and reranker.name in per_system:
+            summaries_extra.setdefault(reranker.name, {})["refused_retried"] = refused
     report = {
         "config": config.public(),
         "n_tasks": len(tasks),
         "corpus_size": len(corpus),
         "systems": {
-            name: summarize(results, walls[name], common) for name, results in per_system.items()
+            name: summarize(results, walls[name], common) | summaries_extra.get(name, {})
+            for name, results in per_system.items()
         },
         "common_tasks": len(common),
         "tests": paired_tests(per_system, config.n_resamples, config.seed),

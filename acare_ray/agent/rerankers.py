@@ -126,9 +126,12 @@ class EndpointError(RuntimeError):
 class EndpointReranker:
     """``POST {url}/v2/rerank`` (Cohere v2 body + ``original_question``, ``reasoning``, ``mode``).
 
-    503 and 429 answers are retried after their ``Retry-After`` (default 1 s), and connection
-    errors after 1 s, up to ``retries`` times; any other error status raises
-    :class:`EndpointError` with the body. One ``httpx.Client`` is shared by all threads.
+    503 and 429 answers (an overloaded server asking to come back later) are retried after
+    their ``Retry-After`` (default 1 s) for as long as ``retry_budget_s`` allows, counted from
+    the search's first attempt, as an agent harness waits on a busy service; connection errors
+    are retried after 1 s, at most ``retries`` times. Any other error status, or a search still
+    refused when its budget runs out, raises :class:`EndpointError` with the body. ``refused``
+    counts the 503/429 answers received. One ``httpx.Client`` is shared by all threads.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class EndpointReranker:
         api_key: str | None = None,
         timeout_s: float = 120.0,
         retries: int = 5,
+        retry_budget_s: float = 600.0,
     ) -> None:
         import httpx
 
@@ -147,6 +151,9 @@ class EndpointReranker:
         self.name = mode
         self.model = model
         self.retries = retries
+        self.retry_budget_s = retry_budget_s
+        self.refused = 0
+        self._count = threading.Lock()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._httpx = httpx
         self.client = httpx.Client(timeout=timeout_s, headers=headers)
@@ -171,24 +178,33 @@ class EndpointReranker:
         if not request.documents:
             return [], 0
         body = self.body(request, top_n)
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        deadline = time.monotonic() + self.retry_budget_s
+        failures = 0
+        while True:
             try:
                 response = self.client.post(self.url, json=body)
             except self._httpx.TransportError as err:
-                if last:
+                failures += 1
+                if failures > self.retries:
                     raise EndpointError(f"{self.url}: {err}") from err
                 time.sleep(1.0)
                 continue
-            if response.status_code in (429, 503) and not last:
-                time.sleep(float(response.headers.get("retry-after", "1") or 1))
+            if response.status_code in (429, 503):
+                with self._count:
+                    self.refused += 1
+                wait = float(response.headers.get("retry-after", "1") or 1)
+                if time.monotonic() + wait > deadline:
+                    raise EndpointError(
+                        f"{self.url}: still refused after {self.retry_budget_s:.0f} s: "
+                        f"HTTP {response.status_code}: {response.text}"
+                    )
+                time.sleep(wait)
                 continue
             if response.status_code != 200:
                 raise EndpointError(f"{self.url}: HTTP {response.status_code}: {response.text}")
             answer = response.json()
             tokens = ((answer.get("meta") or {}).get("tokens") or {}).get("input_tokens") or 0
             return [int(r["index"]) for r in answer["results"]], int(tokens)
-        raise EndpointError(f"{self.url}: no answer after {self.retries} retries")
 
     def close(self) -> None:
         self.client.close()

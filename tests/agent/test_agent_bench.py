@@ -223,6 +223,7 @@ def test_endpoint_reranker_sends_the_context_and_retries_503():
             doc_ids=("1", "2", "3"),
         )
         assert reranker.rerank_counted(request, top_n=2) == ([2, 0], 42)
+        assert reranker.refused == 1
         reranker.close()
     finally:
         server.shutdown()
