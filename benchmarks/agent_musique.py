@@ -183,8 +183,8 @@ def write_markdown(result: dict, path: Path) -> None:
         "'on common': searches per task over the tasks every system of that run solved (the "
         "served runs have no BM25 system, so their common set can be larger).",
         "",
-        f"Served stages: the first {result['served_tasks']} held-out tasks (same corpus). "
-        "They agree with in-process on "
+        f"Served stages: the first {result['served_tasks']} held-out tasks, compared with the "
+        "same model in-process on the same task list (the row above them). They agree on "
         + ", ".join(f"{k}: {v}" for k, v in result["served_agreement"].items())
         + " (tasks with identical outcomes / all).",
         "",
@@ -250,6 +250,26 @@ def main() -> None:
     local = run_stage("inprocess", local_cmd, work, log)
     rows = [summary_row(name, "in-process", 1, s) for name, s in local["systems"].items()]
     agreement = {}
+    # The served stages are compared with the same model in-process on the same task list: the
+    # pooled corpus lists the run's tasks first, and that order breaks BM25 ties, so a task's
+    # searches can differ between task lists.
+    reference = local
+    if args.served_tasks is not None:
+        ref_cmd = acare(
+            *common,
+            "--task-ids",
+            str(served_ids_path),
+            "--model",
+            checkpoint,
+            "--modes",
+            args.served_modes,
+            "--device",
+            "cpu",
+            "--no-baseline",
+        )
+        commands.append("acare " + " ".join(ref_cmd[3:]))
+        reference = run_stage("inprocess-served-tasks", ref_cmd, work, log)
+        rows += [summary_row(name, "in-process", 1, s) for name, s in reference["systems"].items()]
     levels = [int(a) for a in args.agents.split(",") if a]
     pending = [n for n in levels if not (work / f"served-{n}" / "agent_bench.json").exists()]
     server = Server(checkpoint, work, log) if pending else None
@@ -274,7 +294,7 @@ def main() -> None:
                 rows.append(summary_row(name, "acare serve", n, s))
                 local_tasks = {
                     t["task_id"]: {k: v for k, v in t.items() if k not in ("rerank_s", "tokens")}
-                    for t in local["tasks"][name]
+                    for t in reference["tasks"][name]
                 }
                 same = sum(
                     local_tasks[t["task_id"]]
