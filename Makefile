@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-floor lint bench clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,15 @@ demo: install
 test: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pytest -q
 
+# The suite against the oldest versions pyproject allows (requirements/floor.txt), in its own
+# venv. CI keeps the current versions (make test).
+FLOOR_VENV ?= .venv-floor
+test-floor:
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/pip install -q --upgrade pip
+	$(FLOOR_VENV)/bin/pip install -q -c requirements/floor.txt -e ".[dev]"
+	RAY_USAGE_STATS_ENABLED=0 $(FLOOR_VENV)/bin/pytest -q
+
 lint: install
 	$(BIN)/ruff check acare_ray tests benchmarks
 	$(BIN)/ruff format --check acare_ray tests benchmarks
@@ -34,4 +43,4 @@ bench: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/bench_scorer.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

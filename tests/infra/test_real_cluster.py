@@ -1,5 +1,7 @@
 """The README's "any Ray cluster" path for real: ``ray start --head`` plus a second node with
-``ray start --address``, then ``ray job submit --runtime-env jobs/<job>.yaml -- acare ...``.
+``ray start --address``, then ``ray job submit --runtime-env jobs/<job>.yaml -- acare ...`` for
+rerank, relabel, eval and train, and the serving steps (``serve deploy``, ``serve status``, the
+README's ``cohere`` client).
 
 Regression: the offline jobs exited 2 under ``ray job submit`` ("Failed to merge the Job's
 runtime env ... with a ray.init's runtime env") because the driver set the job's env var keys
@@ -12,7 +14,9 @@ the host).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,8 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow.dataset as pads
 import pytest
+import yaml
 
 from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import synthetic_searches
@@ -166,3 +172,90 @@ def test_ray_job_submit_runs_the_offline_job(cluster, searches, tiny_qwen3_dir, 
         assert all(r["error"] is None for r in written)
     if job == "eval":
         assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_ray_job_submit_runs_training(cluster, tiny_qwen3_dir, tmp_path):
+    """``ray job submit --runtime-env jobs/train.yaml -- acare train ...``: a Ray Train run on
+    the two nodes whose final checkpoint loads and scores."""
+    from acare_ray.context import AgentContext
+    from acare_ray.data.synthetic import synthetic_groups
+    from acare_ray.scorer import Scorer
+
+    data = write_parquet(synthetic_groups(6, seed=2), tmp_path / "groups.parquet")
+    command = ["acare", "train", "--data", str(data), "--model", str(tiny_qwen3_dir)]
+    command += ["--output", str(tmp_path / "runs"), "--name", "rc", "--workers", "2"]
+    command += ["--max-steps", "2", "--batch-groups", "1", "--grad-accum", "1"]
+    command += ["--checkpoint-every", "2", "--no-eval-at-start", "--eval-modes", "M0"]
+    result = _submit(cluster, "train", command)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    final = [line for line in result.stdout.splitlines() if line.startswith("final checkpoint:")]
+    assert final, result.stdout[-3000:]
+    checkpoint = Path(final[-1].split(":", 1)[1].strip())
+    assert checkpoint.is_dir() and checkpoint.is_relative_to(tmp_path / "runs")
+    scores = Scorer.from_pretrained(str(checkpoint), device="cpu").score(
+        AgentContext(sub_query="capital population"),
+        ["Ostrava is the capital of Velmoria.", "A painter."],
+        "M0",
+    )
+    assert len(scores) == 2 and all(math.isfinite(s) for s in scores)
+
+
+def _readme_python_client() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if "cohere.ClientV2" in b]
+    return block
+
+
+def test_serve_deploy_status_and_the_cohere_client(cluster):
+    """docs/cluster.md's serving steps with the CPU config: ``serve deploy``, ``serve status``
+    until RUNNING, then the README's ``cohere`` client code against the proxy."""
+    address, env = cluster
+    serve = str(BIN / "serve")
+    deploy = subprocess.run(
+        [serve, "deploy", "serve_configs/local.yaml", "--address", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
+    assert deploy.returncode == 0, (deploy.stdout + deploy.stderr)[-3000:]
+    deadline, status = time.monotonic() + 300, ""
+    while time.monotonic() < deadline:
+        done = subprocess.run(
+            [serve, "status", "--address", address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        status = done.stdout
+        parsed = yaml.safe_load(status) or {}
+        app = (parsed.get("applications") or {}).get("acare") or {}
+        if app.get("status") == "RUNNING":
+            break
+        assert app.get("status") != "DEPLOY_FAILED", status
+        time.sleep(3)
+    else:
+        pytest.fail(f"the app did not reach RUNNING in 300 s:\n{status}")
+    deployments = app["deployments"]
+    assert deployments["Reranker"]["status"] == "HEALTHY", status
+    port = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())["http_options"][
+        "port"
+    ]
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+    code = _readme_python_client().replace("http://localhost:8000", f"http://127.0.0.1:{port}")
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    response = namespace["response"]
+    assert [r.index for r in response.results] and response.meta.mode == "M3"
+    shutdown = subprocess.run(
+        [serve, "shutdown", "--yes", "--address", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert shutdown.returncode == 0, (shutdown.stdout + shutdown.stderr)[-3000:]

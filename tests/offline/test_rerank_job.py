@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -168,3 +170,86 @@ def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
     ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
     assert sorted(ids) == sorted(r["search_id"] for r in rows)
     assert counts.written == len(rows) and counts.errored == len(errors)
+
+
+def test_resume_over_many_part_files_with_one_cut_mid_write(
+    first_run, tiny_qwen3_dir, mixed_searches, tmp_path
+):
+    """The done set over many part files: the rows of the one cut short are scored again,
+    nothing else, and every search ends up in the output exactly once."""
+    out = tmp_path / "out"
+    shutil.copytree(first_run[0], out)
+    fs, root, _ = resolve(str(out))
+    table = pa.concat_tables([pq.read_table(p) for p in part_files(fs, root)])
+    for path in part_files(fs, root):
+        Path(path).unlink()
+    n_files = 8
+    bounds = np.linspace(0, table.num_rows, n_files + 1).astype(int)
+    for k in range(n_files):
+        part = table.slice(bounds[k], bounds[k + 1] - bounds[k])
+        pq.write_table(part, out / f"earlier-run_w_{k:06d}-0.parquet")
+    cut = out / f"earlier-run_w_{n_files // 2:06d}-0.parquet"
+    lost = pq.ParquetFile(cut).metadata.num_rows
+    assert 0 < lost < table.num_rows
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) // 3])  # its writer died mid-file: no footer
+    counts = run(config(mixed_searches, out, model=str(tiny_qwen3_dir)))
+    assert counts.removed_incomplete == 1 and not cut.exists()
+    assert counts.already_written == table.num_rows - lost
+    assert counts.written == lost  # only the cut file's rows were scored again
+    ids = [r["search_id"] for r in read_rows(out)]
+    assert len(ids) == len(set(ids))
+    assert sorted(ids) == sorted(r["search_id"] for r in mixed_searches[1])
+
+
+def committed_rows(output: Path) -> int:
+    total = 0
+    for path in output.glob("*.parquet"):
+        with contextlib.suppress(Exception):  # still being written: no footer yet
+            total += pq.ParquetFile(path).metadata.num_rows
+    return total
+
+
+def test_killed_driver_resumes_with_every_search_exactly_once(ray_local, tiny_qwen3_dir, tmp_path):
+    """``acare rerank`` SIGKILLed half-way, then the same command again: every search once,
+    and the re-run scores only what was not committed."""
+    import subprocess
+    import time
+
+    from acare_ray.data.io import write_parquet
+    from acare_ray.data.synthetic import synthetic_searches
+
+    table = synthetic_searches(1000, seed=5).slice(0, 2000)
+    write_parquet(table, tmp_path / "searches.parquet")
+    output = tmp_path / "out"
+    address = ray.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "acare_ray.cli", "rerank"]
+    command += ["--input", str(tmp_path / "searches.parquet"), "--output", str(output)]
+    command += ["--model", str(tiny_qwen3_dir), "--mode", "M0", "--actors", "1"]
+    command += ["--batch-size", "16", "--rows-per-file", "64", "--ray-address", address]
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    driver = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 600
+    while committed_rows(output) < 600:
+        assert driver.poll() is None, "the job ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    committed = committed_rows(output)
+    assert committed < table.num_rows
+
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = re.search(r"written (\d+) .*skipped as already written (\d+);", done.stdout)
+    assert summary, done.stdout
+    written, already = int(summary.group(1)), int(summary.group(2))
+    # The re-run found what the killed one committed (at least what was there when it died)
+    # and scored exactly the rest: nothing written is scored again.
+    assert already >= committed
+    assert written == table.num_rows - already
+    ids = [r["search_id"] for r in read_rows(output)]
+    assert len(ids) == len(set(ids)) == table.num_rows
+    assert set(ids) == set(table.column("search_id").to_pylist())
