@@ -344,7 +344,14 @@ class HFForwardYesNo(nn.Module):
 
     @property
     def _decoder(self) -> nn.Module:
-        return self.lm.get_decoder()
+        # get_decoder() returns None on some transformers 4.x causal LMs; their decoder is the
+        # base model (``base_model_prefix``, "model" for Llama-family models).
+        decoder = self.lm.get_decoder()
+        if decoder is None:
+            decoder = getattr(self.lm, getattr(self.lm, "base_model_prefix", "model"), None)
+        if decoder is None:
+            raise ValueError(f"{type(self.lm).__name__}: no decoder found (get_decoder() is None)")
+        return decoder
 
     def encode_prefixes(
         self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor

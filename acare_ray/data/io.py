@@ -45,6 +45,32 @@ def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:
     return path
 
 
+def cast_by_name(array: pa.Array | pa.ChunkedArray, target: pa.DataType):
+    """``array.cast(target)``, where struct fields are matched by name and a field the data lacks
+    is all null, at any depth (structs in lists too). Recent pyarrow casts structs this way
+    itself; older releases (17) refuse, so the struct and list levels are rebuilt here."""
+    try:
+        return array.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    if isinstance(array, pa.ChunkedArray):
+        return pa.chunked_array([cast_by_name(c, target) for c in array.chunks], type=target)
+    kind = array.type
+    if pa.types.is_struct(target) and pa.types.is_struct(kind):
+        have = dict(zip((kind.field(i).name for i in range(kind.num_fields)), array.flatten()))
+        children = [
+            cast_by_name(have[f.name], f.type) if f.name in have else pa.nulls(len(array), f.type)
+            for f in target
+        ]
+        mask = array.is_null() if array.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    if pa.types.is_list(target) and pa.types.is_list(kind):
+        values = cast_by_name(array.values, target.value_type)
+        mask = array.is_null() if array.null_count else None
+        return pa.ListArray.from_arrays(array.offsets, values, type=target, mask=mask)
+    return array.cast(target)  # not a struct/list mismatch: raise the cast's own error
+
+
 def read_parquet(path: str | os.PathLike, schema: pa.Schema | None = None) -> pa.Table:
     """Read a Parquet file or folder.
 
@@ -57,7 +83,7 @@ def read_parquet(path: str | os.PathLike, schema: pa.Schema | None = None) -> pa
     columns, fields = [], []
     for field in schema:
         if field.name in table.column_names:
-            columns.append(table[field.name].cast(field.type))
+            columns.append(cast_by_name(table[field.name], field.type))
         else:
             columns.append(pa.nulls(table.num_rows, field.type))
         fields.append(field)
