@@ -43,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_offline import TreeMemory, _children, make_input
+from bench_offline import TreeMemory, _children, make_input, plain_loop
 from report import dump_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,26 +102,6 @@ def output_files(path: Path) -> dict:
     }
 
 
-def loop(args: argparse.Namespace, input_path: Path, output: Path) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import torch
-
-    from acare_ray.offline.score import rerank_rows
-    from acare_ray.schema import RERANK_OUTPUT
-    from acare_ray.scorer import Scorer
-
-    torch.set_num_threads(1)
-    scorer = Scorer.from_pretrained(args.model, device="cpu")
-    rows = 0
-    with pq.ParquetWriter(output, RERANK_OUTPUT) as writer:
-        for batch in pq.ParquetFile(input_path).iter_batches(batch_size=args.batch_size):
-            out = rerank_rows(scorer, batch.to_pylist(), [args.mode])
-            writer.write_table(pa.Table.from_pylist(out, schema=RERANK_OUTPUT))
-            rows += len(out)
-    return rows
-
-
 def rerank_config(args: argparse.Namespace, input_path: Path, output: Path):
     from acare_ray.offline.job import ActorPool
     from acare_ray.offline.rerank import RerankConfig
@@ -141,7 +121,7 @@ def measure_one(args: argparse.Namespace) -> dict:
     if args.one == "loop":
         with TreeMemory() as memory:
             started = time.perf_counter()
-            rows = loop(args, input_path, output)
+            rows = plain_loop(args, input_path, output)  # args.threads: 1
             seconds = time.perf_counter() - started
     else:
         import ray
@@ -446,6 +426,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--label", default="offline-scale-cpu-tiny-qwen3")
     parser.add_argument("--one", choices=["loop", "ray"], help=argparse.SUPPRESS)
+    parser.set_defaults(threads=1)  # the loop's torch threads (bench_offline.plain_loop)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
