@@ -8,13 +8,28 @@ The tokenizer and the real models' ``config.json`` files are fixtures of the rep
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["build_random_qwen3", "fixture_path", "model_config_path", "qwen3_tokenizer_dir"]
+__all__ = [
+    "LocalRayCluster",
+    "build_random_qwen3",
+    "fixture_path",
+    "model_config_path",
+    "qwen3_tokenizer_dir",
+]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
@@ -86,3 +101,115 @@ def build_random_qwen3(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class LocalRayCluster:
+    """A real multi-node Ray cluster on this host: ``ray start --head`` plus one
+    ``ray start --address`` per entry of ``worker_cpus``, each node with its own CPUs.
+
+    The cluster gets its own temp dir and ports, so it never meets another cluster on the host,
+    and is torn down by signalling the processes it started (never ``ray stop``, which would
+    stop every cluster on the host). Ray 2.60's ``ray start --head`` turns on token auth:
+    ``env`` carries ``RAY_AUTH_MODE=token`` for the Jobs/Serve CLIs. ``address`` is the
+    dashboard (Jobs API) address, ``gcs_address`` what ``ray.init(address=...)`` takes.
+
+        with LocalRayCluster(head_cpus=2, worker_cpus=[1]) as cluster:
+            subprocess.run(["ray", "job", "submit", "--address", cluster.address, ...],
+                           env=cluster.env)
+    """
+
+    _NODE_PORTS = (
+        "node-manager-port",
+        "object-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+    )
+
+    def __init__(self, head_cpus: int = 2, worker_cpus: tuple[int, ...] | list[int] = (1,)):
+        self.head_cpus, self.worker_cpus = head_cpus, list(worker_cpus)
+        self.ray = str(Path(sys.executable).parent / "ray")
+        self.temp: Path | None = None
+        self.address = self.gcs_address = ""
+        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
+        self.env.pop("RAY_ADDRESS", None)
+
+    def _node_flags(self, index: int) -> list[str]:
+        ports = _free_ports(len(self._NODE_PORTS))
+        flags = [f"--{name}={port}" for name, port in zip(self._NODE_PORTS, ports)]
+        # Disjoint worker port ranges per node (20000-20999, 21000-21999, ...).
+        return (
+            flags
+            + [f"--min-worker-port={20000 + 1000 * index}"]
+            + [
+                f"--max-worker-port={20999 + 1000 * index}",
+                "--disable-usage-stats",
+            ]
+        )
+
+    def _ray(self, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.ray, *argv], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def start(self) -> LocalRayCluster:
+        self.temp = Path(tempfile.mkdtemp(prefix="acare-cluster-", dir="/tmp"))
+        gcs, dashboard = _free_ports(2)
+        head = ["start", "--head", f"--port={gcs}", f"--num-cpus={self.head_cpus}"]
+        head += ["--include-dashboard=true", f"--dashboard-port={dashboard}"]
+        head += [f"--temp-dir={self.temp}", *self._node_flags(0)]
+        steps = [head] + [
+            ["start", f"--address=127.0.0.1:{gcs}", f"--num-cpus={cpus}", *self._node_flags(i)]
+            for i, cpus in enumerate(self.worker_cpus, start=1)
+        ]
+        for argv in steps:
+            done = self._ray(*argv)
+            if done.returncode != 0:
+                self.stop()
+                raise RuntimeError(f"ray {' '.join(argv[:2])} failed:\n{done.stderr[-3000:]}")
+        self.gcs_address = f"127.0.0.1:{gcs}"
+        self.address = f"http://127.0.0.1:{dashboard}"
+        deadline = time.monotonic() + 120
+        # The job agent answers some seconds after `ray start` returns.
+        while self._ray("job", "list", "--address", self.address, timeout=60).returncode != 0:
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the Ray Jobs API did not answer within 120 s")
+            time.sleep(3)
+        return self
+
+    def _signal(self, sig: int) -> None:
+        # Every process of the cluster has its temp dir in its command line.
+        out = subprocess.run(["pgrep", "-f", str(self.temp)], capture_output=True, text=True)
+        for pid in map(int, out.stdout.split()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def stop(self) -> None:
+        if self.temp is None:
+            return
+        self._signal(signal.SIGTERM)
+        time.sleep(3)
+        self._signal(signal.SIGKILL)
+        shutil.rmtree(self.temp, ignore_errors=True)
+        self.temp = None
+
+    def __enter__(self) -> LocalRayCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -13,16 +13,10 @@ the host).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,53 +27,11 @@ import yaml
 
 from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import synthetic_searches
+from acare_ray.testing import LocalRayCluster
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def _ports(n: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.pop("RAY_ADDRESS", None)
-    return env
-
-
-def _node_ports(prefix: str) -> list[str]:
-    names = (
-        "node-manager-port",
-        "object-manager-port",
-        "dashboard-agent-listen-port",
-        "dashboard-agent-grpc-port",
-        "metrics-export-port",
-        "runtime-env-agent-port",
-    )
-    return [f"--{name}={port}" for name, port in zip(names, _ports(len(names)))] + [
-        f"--min-worker-port={prefix}0000",
-        f"--max-worker-port={prefix}0999",
-    ]
-
-
-def _signal_processes(temp: Path, sig: int) -> None:
-    """Signal every process of the cluster: each has its temp dir in its command line."""
-    out = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True).stdout
-    for pid in map(int, out.split()):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 @pytest.fixture(scope="module")
@@ -87,36 +39,8 @@ def cluster():
     import ray
 
     ray.shutdown()  # the shared in-process cluster of other modules
-    temp = Path(tempfile.mkdtemp(prefix="acare-rc-", dir="/tmp"))
-    gcs, dashboard = _ports(2)
-    env = _env()
-    head = [str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--num-cpus=2"]
-    head += ["--include-dashboard=true", f"--dashboard-port={dashboard}", f"--temp-dir={temp}"]
-    head += ["--disable-usage-stats", *_node_ports("2")]
-    worker = [str(BIN / "ray"), "start", f"--address=127.0.0.1:{gcs}", "--num-cpus=1"]
-    worker += ["--disable-usage-stats", *_node_ports("3")]
-    try:
-        subprocess.run(head, env=env, check=True, capture_output=True, timeout=180)
-        subprocess.run(worker, env=env, check=True, capture_output=True, timeout=180)
-        address = f"http://127.0.0.1:{dashboard}"
-        deadline = time.monotonic() + 120
-        while True:  # the job agent answers some seconds after `ray start` returns
-            probe = subprocess.run(
-                [str(BIN / "ray"), "job", "list", "--address", address],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            if probe.returncode == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(3)
-        yield address, env
-    finally:
-        _signal_processes(temp, signal.SIGTERM)
-        time.sleep(3)
-        _signal_processes(temp, signal.SIGKILL)
-        shutil.rmtree(temp, ignore_errors=True)
+    with LocalRayCluster(head_cpus=2, worker_cpus=[1]) as local:
+        yield local.address, local.env
 
 
 @pytest.fixture(scope="module")
