@@ -25,7 +25,7 @@ Each checks that every search is in the output exactly once and reports the rows
 scored. Writes ``<out>/<label>.{json,md,png}``.
 
     RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/bench_offline_scale.py \\
-        --sizes 1000,10000,100000 --kill-resume 100000
+        --sizes 1000,10000,100000 --kill-resume 100000 --kill-actor-in-rerun
 """
 
 from __future__ import annotations
