@@ -319,15 +319,15 @@ def kill_resume(args: argparse.Namespace, input_path: Path, work: Path) -> dict:
     return out
 
 
-def public_argv(argv: list[str]) -> list[str]:
-    """The command line without ``--work-dir`` (a path on the machine that ran it)."""
+def public_argv(argv: list[str], private: tuple[str, ...] = ("--work-dir", "--out")) -> list[str]:
+    """The command line without the flags whose values are paths on the machine that ran it."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--work-dir":
+        elif arg in private:
             skip = True
-        elif not arg.startswith("--work-dir="):
+        elif not arg.startswith(tuple(f"{flag}=" for flag in private)):
             out.append(arg)
     return out
 
@@ -513,7 +513,7 @@ def main() -> None:
         "args": {
             k: v
             for k, v in vars(args).items()
-            if k not in ("one", "input", "output", "work_dir", "threads")
+            if k not in ("one", "input", "output", "work_dir", "threads", "out")
         }
         | {"model": "tiny random Qwen3" if "tiny-qwen3" in args.model else args.model},
         "environment": f"{platform.platform()}, {os.cpu_count()} CPUs, python "

@@ -37,11 +37,20 @@ def shared_dir() -> Path:
     return data_dir().parent
 
 
-def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:
-    """Write ``table`` to one Parquet file (parent folders created); returns the path."""
+# Rows per Parquet row group in the files acare writes. Ray Data reads a row group as one block,
+# so a file written as one row group (pyarrow's default holds up to 1M rows) reaches the job as
+# one block: at 10^5 searches of 20 candidates that is ~0.5 GB read before any actor scores.
+ROW_GROUP_ROWS = 1024
+
+
+def write_parquet(
+    table: pa.Table, path: str | os.PathLike, row_group_rows: int = ROW_GROUP_ROWS
+) -> Path:
+    """Write ``table`` to one Parquet file (parent folders created), ``row_group_rows`` rows per
+    row group; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    pq.write_table(table, path, row_group_size=row_group_rows)
     return path
 
 
