@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from report import dump_json
+from report import machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -282,16 +281,11 @@ def main() -> None:
             results.append(best)
     report = {
         "args": {k: v for k, v in vars(args).items() if k not in ("one", "input")},
-        "environment": f"{platform.platform()}, {os.cpu_count()} CPUs, python "
-        f"{platform.python_version()}",
+        "environment": machine(),
         "results": results,
         "summary": summarise(results),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(report, out / f"{args.label}.json")
-    (out / f"{args.label}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, Path(args.out), args.label, markdown(report))
 
 
 if __name__ == "__main__":

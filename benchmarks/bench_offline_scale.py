@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -45,7 +44,7 @@ import time
 from pathlib import Path
 
 from bench_offline import TreeMemory, _children, make_input, plain_loop
-from report import dump_json
+from report import machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENV = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
@@ -516,20 +515,15 @@ def main() -> None:
             if k not in ("one", "input", "output", "work_dir", "threads", "out")
         }
         | {"model": "tiny random Qwen3" if "tiny-qwen3" in args.model else args.model},
-        "environment": f"{platform.platform()}, {os.cpu_count()} CPUs, python "
-        f"{platform.python_version()}",
+        "environment": machine(),
         "results": results,
         "summary": summarise(results),
     }
     if args.kill_resume:
         report["kill_resume"] = kill_resume(args, inputs[args.kill_resume], work)
         print(json.dumps(report["kill_resume"]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(report, out / f"{args.label}.json")
-    chart(results, out / f"{args.label}.png")
-    (out / f"{args.label}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, Path(args.out), args.label, markdown(report))
+    chart(results, Path(args.out) / f"{args.label}.png")
 
 
 if __name__ == "__main__":

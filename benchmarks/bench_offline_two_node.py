@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ from pathlib import Path
 
 from bench_offline import make_input
 from bench_offline_scale import check_exactly_once, output_files, public_argv
-from report import dump_json
+from report import machine, write_report
 
 from acare_ray.testing import LocalRayCluster, build_random_qwen3
 
@@ -156,16 +154,11 @@ def main() -> None:
             for a in job
         ),
         "args": {k: v for k, v in vars(args).items() if k != "work_dir"},
-        "environment": f"{platform.platform()}, {os.cpu_count()} CPUs, python "
-        f"{platform.python_version()}",
+        "environment": machine(),
         "job_output_tail": done.stdout[-1500:].replace(str(work), "WORK"),
         "result": result,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(report, out / f"{args.label}.json")
-    (out / f"{args.label}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, Path(args.out), args.label, markdown(report))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,22 @@ def dump_json(report: dict, path: Path) -> None:
     path.write_text(json.dumps(repo_relative(report), indent=2) + "\n")
 
 
+def machine() -> str:
+    """The machine a benchmark ran on, in one line."""
+    import platform
+
+    return f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
+
+
+def write_report(report: dict, out: Path, label: str, markdown: str) -> None:
+    """``<out>/<label>.json`` (repository paths made relative) and ``<out>/<label>.md``; prints
+    the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    dump_json(report, out / f"{label}.json")
+    (out / f"{label}.md").write_text(markdown)
+    print(markdown)
+
+
 def summarise(runs: list[dict], params: int, peak_flops: float | None) -> dict:
     """Totals over rounds of one method in one mode (rates = total pairs / total seconds)."""
     total = {k: sum(r[k] for r in runs) for k in ("pairs", "seconds", "cpu_seconds", "tokenize_s")}
