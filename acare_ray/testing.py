@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "HEALTH_CHECK_ENV",
     "LocalRayCluster",
     "build_random_qwen3",
     "fixture_path",
@@ -115,6 +116,13 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+# Tolerate ~3 minutes of missed node health checks (Ray's defaults: 10 s timeout, 5 misses).
+HEALTH_CHECK_ENV = {
+    "RAY_health_check_timeout_ms": "30000",
+    "RAY_health_check_failure_threshold": "6",
+}
+
+
 class LocalRayCluster:
     """A real multi-node Ray cluster on this host: ``ray start --head`` plus one
     ``ray start --address`` per entry of ``worker_cpus``, each node with its own CPUs.
@@ -147,6 +155,10 @@ class LocalRayCluster:
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env.pop("RAY_ADDRESS", None)
+        # A loaded small host can stall a raylet for longer than Ray's default health check
+        # tolerates (about 15 s), and the GCS then declares a healthy node dead mid-job. Every
+        # process of the cluster reads its RayConfig from these RAY_<name> variables.
+        self.env.update(HEALTH_CHECK_ENV)
 
     def _node_flags(self, index: int) -> list[str]:
         ports = _free_ports(len(self._NODE_PORTS))

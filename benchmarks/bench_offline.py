@@ -50,33 +50,69 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def _pss_mb(pid: int) -> float:
+def _pss(pid: int) -> tuple[float, float]:
+    """(PSS, its shared-memory part) of ``pid`` in MB; Ray's object store is shared memory."""
+    pss = shmem = 0.0
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
+                    pss = int(line.split()[1]) / 1024
+                elif line.startswith("Pss_Shmem:"):
+                    shmem = int(line.split()[1]) / 1024
     except OSError:
         pass
-    return 0.0
+    return pss, shmem
+
+
+def _pss_mb(pid: int) -> float:
+    return _pss(pid)[0]
+
+
+def _label(pid: int) -> str:
+    """What a process is: Ray's process title (``ray::ScorerActor``, ``ray::IDLE``), else the
+    executable's name (``raylet``, ``gcs_server``) or the Python script it runs."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    if argv[0].startswith("ray::"):
+        return argv[0].split()[0].split(".")[0]
+    name = os.path.basename(argv[0])
+    if name.startswith("python"):
+        scripts = [os.path.basename(a) for a in argv[1:] if a.endswith(".py")]
+        return f"python {scripts[0]}" if scripts else name
+    return name
 
 
 class TreeMemory:
-    """Peak PSS of this process and all its descendants, and of this process alone."""
+    """Peak PSS of this process and all its descendants, and of this process alone; at the
+    tree's peak, the PSS per kind of process and the shared-memory part of the total."""
 
     def __init__(self, interval: float = 0.2) -> None:
         self.interval = interval
-        self.peak_tree = self.peak_self = 0.0
+        self.peak_tree = self.peak_self = self.peak_shmem = 0.0
+        self.at_peak: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
-        tree, todo, total = _children(), [os.getpid()], 0.0
+        tree, todo, total, shared = _children(), [os.getpid()], 0.0, 0.0
+        kinds: dict[str, float] = {}
         while todo:
             pid = todo.pop()
-            total += _pss_mb(pid)
+            pss, shmem = _pss(pid)
+            total += pss
+            shared += shmem
+            kinds[_label(pid)] = kinds.get(_label(pid), 0.0) + pss
             todo.extend(tree.get(pid, []))
-        self.peak_tree = max(self.peak_tree, total)
+        if total > self.peak_tree:
+            self.peak_tree, self.peak_shmem = total, shared
+            ranked = sorted(kinds.items(), key=lambda kv: -kv[1])
+            self.at_peak = {kind: round(mb, 1) for kind, mb in ranked}
         self.peak_self = max(self.peak_self, _pss_mb(os.getpid()))
 
     def _run(self) -> None:

@@ -107,7 +107,13 @@ def rerank_config(args: argparse.Namespace, input_path: Path, output: Path):
     from acare_ray.offline.rerank import RerankConfig
 
     low, high = ActorPool.parse_sizes(args.actors)
-    pool = ActorPool(low, high, batch_size=args.batch_size, rows_per_file=args.rows_per_file)
+    pool = ActorPool(
+        low,
+        high,
+        batch_size=args.batch_size,
+        rows_per_file=args.rows_per_file,
+        object_store_mb=args.object_store_mb,
+    )
     return RerankConfig(str(input_path), str(output), args.model, args.mode, pool=pool)
 
 
@@ -134,12 +140,14 @@ def measure_one(args: argparse.Namespace) -> dict:
         result["ray_init_s"] = time.perf_counter() - started
         with TreeMemory() as memory, StoreSampler() as store:
             started = time.perf_counter()
-            counts = run(rerank_config(args, input_path, output))
+            config = rerank_config(args, input_path, output)
+            counts = run(config)
             seconds = time.perf_counter() - started
         rows = counts.written
         result |= {
             "already_written": counts.already_written,
             "object_store_peak_mb": store.peak_used / 2**20,
+            "object_store_budget_mb": config.pool.store_budget_bytes / 2**20,
             "spilled_mb": store.spilled_bytes / 2**20,
             "spilled_objects": store.spilled_objects,
         }
@@ -152,6 +160,8 @@ def measure_one(args: argparse.Namespace) -> dict:
         "searches_per_s": searches / seconds,
         "peak_tree_mb": memory.peak_tree,
         "peak_driver_mb": memory.peak_self,
+        "peak_tree_shmem_mb": memory.peak_shmem,
+        "tree_at_peak_mb": memory.at_peak,
         "output": output_files(output),
     }
 
@@ -161,6 +171,8 @@ def argv_for(args: argparse.Namespace, method: str, input_path: Path, output: Pa
     argv += ["--output", str(output)]
     for flag in ("model", "mode", "batch_size", "actors", "ray_cpus", "rows_per_file"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.object_store_mb is not None:
+        argv += ["--object-store-mb", str(args.object_store_mb)]
     return argv
 
 
@@ -453,6 +465,9 @@ def main() -> None:
     parser.add_argument("--actors", default="1")
     parser.add_argument("--ray-cpus", type=int, default=2)
     parser.add_argument("--rows-per-file", type=int, default=2000)
+    parser.add_argument(
+        "--object-store-mb", type=int, default=None, help="the job's object-store budget"
+    )
     parser.add_argument("--kill-resume", type=int, default=0, help="searches for kill/resume")
     parser.add_argument(
         "--kill-actor-in-rerun",

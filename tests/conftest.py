@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from acare_ray.testing import HEALTH_CHECK_ENV
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every Ray cluster a test starts tolerates raylet stalls on a loaded 2-core host.
+for _key, _value in HEALTH_CHECK_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 
 def require_data(path: Path) -> Path:

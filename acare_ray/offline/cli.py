@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from acare_ray.metrics import DEFAULT_MEASURES
-from acare_ray.offline.job import ActorPool, ScorerSettings
+from acare_ray.offline.job import STORE_MB_PER_ACTOR, ActorPool, ScorerSettings
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -27,6 +27,12 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
     pool.add_argument("--cpus-per-actor", type=float, default=1.0)
     pool.add_argument("--batch-size", type=int, default=32, help="searches per actor call")
     pool.add_argument("--rows-per-file", type=int, default=2_000, help="least rows per part file")
+    pool.add_argument(
+        "--object-store-mb",
+        type=int,
+        default=None,
+        help=f"object-store budget of the job (default {STORE_MB_PER_ACTOR} MB per actor)",
+    )
     pool.add_argument("--max-batch-tokens", type=int, default=None, help="scorer token budget")
     pool.add_argument("--ray-address", default=None, help="default: RAY_ADDRESS or a local Ray")
 
@@ -40,6 +46,7 @@ def _pool(args: argparse.Namespace) -> ActorPool:
         cpus_per_actor=args.cpus_per_actor,
         batch_size=args.batch_size,
         rows_per_file=args.rows_per_file,
+        object_store_mb=args.object_store_mb,
     )
 
 

@@ -32,6 +32,9 @@ from acare_ray.schema import SEARCHES
 log = logging.getLogger(__name__)
 
 BATCHES_PER_BLOCK = 4
+STORE_MB_PER_ACTOR = 256
+"""Default object-store budget of a job, per actor of the pool at its largest (see
+:attr:`ActorPool.store_budget_bytes`)."""
 WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -40,7 +43,10 @@ class ActorPool:
     """Scorer actors: pool size bounds, resources per actor, searches per call.
 
     ``batch_size`` counts searches (each with all its candidates) per actor call;
-    ``rows_per_file`` is the least number of output rows per Parquet part file.
+    ``rows_per_file`` is the least number of output rows per Parquet part file;
+    ``object_store_mb`` caps the object-store memory the job's blocks may hold at once
+    (None: ``STORE_MB_PER_ACTOR`` per actor at ``max_size``), so reading runs only that far
+    ahead of the actors and memory stays flat however large the input.
     """
 
     min_size: int = 1
@@ -49,6 +55,7 @@ class ActorPool:
     cpus_per_actor: float = 1.0
     batch_size: int = 32
     rows_per_file: int = 2_000
+    object_store_mb: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_size <= self.max_size:
@@ -59,6 +66,13 @@ class ActorPool:
             raise ValueError("gpus_per_actor and cpus_per_actor must be >= 0")
         if self.batch_size < 1 or self.rows_per_file < 1:
             raise ValueError("batch_size and rows_per_file must be >= 1")
+        if self.object_store_mb is not None and self.object_store_mb < 1:
+            raise ValueError(f"object_store_mb must be >= 1, got {self.object_store_mb}")
+
+    @property
+    def store_budget_bytes(self) -> int:
+        mb = self.object_store_mb or STORE_MB_PER_ACTOR * self.max_size
+        return mb * 1024 * 1024
 
     @staticmethod
     def parse_sizes(text: str) -> tuple[int, int]:
@@ -240,12 +254,42 @@ def _write(
     pool: ActorPool,
 ) -> None:
     """read -> skip written -> blocks of ``BATCHES_PER_BLOCK`` batches -> actor pool -> write,
-    streaming into ``state``'s folder."""
+    streaming into ``state``'s folder within the pool's object-store budget."""
+    _, _, ray_input = resolve(input_path)
+    with store_budget(pool.store_budget_bytes):
+        _stream(ray_input, input_columns(input_path), state, actor, actor_kwargs, pool)
+
+
+@contextmanager
+def store_budget(nbytes: int) -> Iterator[None]:
+    """Cap the object-store memory of the datasets executed inside (Ray Data's resource
+    limits on this driver's ``DataContext``), then restore the previous limits.
+
+    Without a cap Ray Data reads ahead of slow actors up to its share of the whole object
+    store (half of it by default), so what the job holds grows with the input."""
+    from ray.data import DataContext
+
+    options = DataContext.get_current().execution_options
+    before = options.resource_limits
+    options.resource_limits = before.copy(object_store_memory=nbytes)
+    try:
+        yield
+    finally:
+        options.resource_limits = before
+
+
+def _stream(
+    ray_input: str,
+    columns: list[str],
+    state: OutputState,
+    actor: type,
+    actor_kwargs: dict[str, Any],
+    pool: ActorPool,
+) -> None:
     import ray
     from ray.data.datasource import FilenameProvider
 
-    _, _, ray_input = resolve(input_path)
-    ds = ray.data.read_parquet(ray_input, columns=input_columns(input_path))
+    ds = ray.data.read_parquet(ray_input, columns=columns)
     if state.written is not None:
         ds = ds.map_batches(
             skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"

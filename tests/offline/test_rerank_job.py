@@ -146,6 +146,44 @@ class KillOnce(ScorerActor):
         return super().__call__(batch)
 
 
+class BudgetSpy(ScorerActor):
+    """Writes the object-store limit its job executes under to ``marker``, then scores."""
+
+    def __init__(self, marker: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        from ray.data import DataContext
+
+        limits = DataContext.get_current().execution_options.resource_limits
+        Path(marker).write_text(str(limits.object_store_memory))
+
+
+def test_the_job_runs_within_its_object_store_budget_and_restores_the_limits(
+    ray_local, mixed_searches, tiny_qwen3_dir, tmp_path
+):
+    from ray.data import DataContext
+
+    path, rows, _ = mixed_searches
+    before = DataContext.get_current().execution_options.resource_limits
+    marker = tmp_path / "budget"
+    pool = ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100, object_store_mb=1)
+    kwargs = {"model": str(tiny_qwen3_dir), "modes": ("M0",), "scorer_options": SETTINGS.options()}
+    run_job(
+        "rerank",
+        str(path),
+        str(tmp_path / "out"),
+        BudgetSpy,
+        {"marker": str(marker), **kwargs},
+        pool,
+        manifest={"test": "budget"},
+        key_column="mode",
+    )
+    assert float(marker.read_text()) == 2**20  # object_store_mb=1
+    ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
+    assert sorted(ids) == sorted(r["search_id"] for r in rows)
+    assert DataContext.get_current().execution_options.resource_limits == before
+    assert ActorPool(max_size=3).store_budget_bytes == 3 * 256 * 2**20
+
+
 def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
     ray_local, mixed_searches, tiny_qwen3_dir, tmp_path
 ):
