@@ -331,14 +331,25 @@ def kill_resume(args: argparse.Namespace, input_path: Path, work: Path) -> dict:
 
 
 def public_argv(argv: list[str], private: tuple[str, ...] = ("--work-dir", "--out")) -> list[str]:
-    """The command line without the flags whose values are paths on the machine that ran it."""
+    """The command line without the flags whose values are paths on the machine that ran it;
+    a ``--model`` that is a local path (not a hub id) keeps only its last part."""
+
+    def local(path: str) -> bool:
+        return os.path.isabs(path) or Path(path).exists()
+
     out, skip = [], False
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if skip:
             skip = False
         elif arg in private:
             skip = True
-        elif not arg.startswith(tuple(f"{flag}=" for flag in private)):
+        elif arg.startswith(tuple(f"{flag}=" for flag in private)):
+            continue
+        elif i and argv[i - 1] == "--model" and local(arg):
+            out.append(Path(arg).name)
+        elif arg.startswith("--model=") and local(arg.split("=", 1)[1]):
+            out.append(f"--model={Path(arg.split('=', 1)[1]).name}")
+        else:
             out.append(arg)
     return out
 

@@ -180,3 +180,14 @@ def test_an_entrypoint_that_is_not_the_cli_is_caught():
     with pytest.raises(AssertionError, match="does not run the acare CLI"):
         cli_argv("python my_script.py --input x")
     assert cli_argv("python -m acare_ray.cli rerank --x 1") == ["rerank", "--x", "1"]
+
+
+def test_the_documented_health_check_settings_are_the_test_clusters():
+    """docs/cluster.md's `export RAY_health_check_...` line is what every LocalRayCluster (so
+    the real-cluster tests) starts its nodes with."""
+    from acare_ray.testing import HEALTH_CHECK_ENV
+
+    exports = [line for line in documented_shell_lines() if "RAY_health_check" in line]
+    assert len(exports) == 1, exports
+    assigned = dict(part.split("=", 1) for part in exports[0].split()[1:])
+    assert assigned == HEALTH_CHECK_ENV

@@ -264,7 +264,8 @@ def test_killed_driver_resumes_with_every_search_exactly_once(ray_local, tiny_qw
     command = [sys.executable, "-m", "acare_ray.cli", "rerank"]
     command += ["--input", str(tmp_path / "searches.parquet"), "--output", str(output)]
     command += ["--model", str(tiny_qwen3_dir), "--mode", "M0", "--actors", "1"]
-    command += ["--batch-size", "16", "--rows-per-file", "64", "--ray-address", address]
+    command += ["--batch-size", "16", "--rows-per-file", "64", "--object-store-mb", "64"]
+    command += ["--ray-address", address]
     env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
     driver = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
