@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from acare_ray.metrics import DEFAULT_MEASURES
-from acare_ray.offline.job import STORE_MB_PER_ACTOR, ActorPool, ScorerSettings
+from acare_ray.offline.job import ActorPool, ScorerSettings
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -31,7 +31,7 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
         "--object-store-mb",
         type=int,
         default=None,
-        help=f"object-store budget of the job (default {STORE_MB_PER_ACTOR} MB per actor)",
+        help="cap on the object store the job's blocks hold (default: Ray Data's limit)",
     )
     pool.add_argument("--max-batch-tokens", type=int, default=None, help="scorer token budget")
     pool.add_argument("--ray-address", default=None, help="default: RAY_ADDRESS or a local Ray")

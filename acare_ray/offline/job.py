@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -32,9 +32,6 @@ from acare_ray.schema import SEARCHES
 log = logging.getLogger(__name__)
 
 BATCHES_PER_BLOCK = 4
-STORE_MB_PER_ACTOR = 256
-"""Default object-store budget of a job, per actor of the pool at its largest (see
-:attr:`ActorPool.store_budget_bytes`)."""
 WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -45,8 +42,8 @@ class ActorPool:
     ``batch_size`` counts searches (each with all its candidates) per actor call;
     ``rows_per_file`` is the least number of output rows per Parquet part file;
     ``object_store_mb`` caps the object-store memory the job's blocks may hold at once
-    (None: ``STORE_MB_PER_ACTOR`` per actor at ``max_size``), so reading runs only that far
-    ahead of the actors and memory stays flat however large the input.
+    (None: Ray Data's own limit, a share of the whole object store). A cap bounds how far
+    reading runs ahead of the actors, at a price in throughput (docs/offline.md).
     """
 
     min_size: int = 1
@@ -70,9 +67,8 @@ class ActorPool:
             raise ValueError(f"object_store_mb must be >= 1, got {self.object_store_mb}")
 
     @property
-    def store_budget_bytes(self) -> int:
-        mb = self.object_store_mb or STORE_MB_PER_ACTOR * self.max_size
-        return mb * 1024 * 1024
+    def store_budget_bytes(self) -> int | None:
+        return None if self.object_store_mb is None else self.object_store_mb * 1024 * 1024
 
     @staticmethod
     def parse_sizes(text: str) -> tuple[int, int]:
@@ -254,9 +250,10 @@ def _write(
     pool: ActorPool,
 ) -> None:
     """read -> skip written -> blocks of ``BATCHES_PER_BLOCK`` batches -> actor pool -> write,
-    streaming into ``state``'s folder within the pool's object-store budget."""
+    streaming into ``state``'s folder (within the pool's object-store budget, if it has one)."""
     _, _, ray_input = resolve(input_path)
-    with store_budget(pool.store_budget_bytes):
+    budget = pool.store_budget_bytes
+    with store_budget(budget) if budget is not None else nullcontext():
         _stream(ray_input, input_columns(input_path), state, actor, actor_kwargs, pool)
 
 

@@ -56,3 +56,14 @@ def test_a_submitted_job_does_not_set_its_runtime_env_keys_again(monkeypatch):
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     assert job_env_vars() == WORKER_ENV
     assert {k: v for k, v in WORKER_ENV.items() if k not in job_env_vars()} == {}
+
+
+@pytest.mark.parametrize("job", ["rerank", "relabel", "eval"])
+def test_object_store_budget_reaches_the_pool_and_is_off_by_default(job):
+    from acare_ray.offline.cli import _pool
+
+    base = [job, "--input", "in", "--model", "m"]
+    base += ["--output", "out"] if job != "eval" else ["--report-dir", "r"]
+    assert _pool(build_parser().parse_args(base)).store_budget_bytes is None
+    capped = build_parser().parse_args([*base, "--object-store-mb", "300"])
+    assert _pool(capped).store_budget_bytes == 300 * 2**20
