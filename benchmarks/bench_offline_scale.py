@@ -147,7 +147,7 @@ def measure_one(args: argparse.Namespace) -> dict:
         result |= {
             "already_written": counts.already_written,
             "object_store_peak_mb": store.peak_used / 2**20,
-            "object_store_budget_mb": config.pool.store_budget_bytes / 2**20,
+            "object_store_budget_mb": config.pool.object_store_mb,  # None: Ray Data's limit
             "spilled_mb": store.spilled_bytes / 2**20,
             "spilled_objects": store.spilled_objects,
         }

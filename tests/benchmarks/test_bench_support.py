@@ -54,3 +54,28 @@ def test_tree_memory_breaks_the_peak_down_by_process(bench):
     assert memory.at_peak["python"] >= 75
     assert memory.peak_tree == pytest.approx(sum(memory.at_peak.values()), abs=1)
     assert memory.peak_self < memory.peak_tree
+
+
+@pytest.mark.slow
+def test_scale_benchmark_runs_end_to_end_at_a_tiny_size(tiny_qwen3_dir, tmp_path):
+    """``bench_offline_scale.py`` as documented, at 40 searches: both methods measured, the
+    report written without machine paths."""
+    import json
+    import os
+
+    out = tmp_path / "report"
+    argv = [sys.executable, str(BENCHMARKS / "bench_offline_scale.py"), "--sizes", "40"]
+    argv += ["--model", str(tiny_qwen3_dir), "--work-dir", str(tmp_path / "w")]
+    argv += ["--out", str(out), "--label", "smoke", "--batch-size", "8"]
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "smoke.json").read_text())
+    by_method = {r["method"]: r for r in report["results"]}
+    assert set(by_method) == {"loop", "ray"}
+    assert all(r["rows_written"] == 40 for r in by_method.values())
+    assert by_method["ray"]["tree_at_peak_mb"]
+    # Neither this test's folders nor the model's (both under pytest's base temp dir) show.
+    assert str(tmp_path.parents[1]) not in (out / "smoke.json").read_text()
+    assert (out / "smoke.md").is_file()
