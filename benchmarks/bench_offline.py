@@ -65,10 +65,6 @@ def _pss(pid: int) -> tuple[float, float]:
     return pss, shmem
 
 
-def _pss_mb(pid: int) -> float:
-    return _pss(pid)[0]
-
-
 def _label(pid: int) -> str:
     """What a process is: Ray's process title (``ray::ScorerActor``, ``ray::IDLE``), else the
     executable's name (``raylet``, ``gcs_server``) or the Python script it runs."""
@@ -100,20 +96,23 @@ class TreeMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
-        tree, todo, total, shared = _children(), [os.getpid()], 0.0, 0.0
+        me = os.getpid()
+        tree, todo, total, shared, mine = _children(), [me], 0.0, 0.0, 0.0
         kinds: dict[str, float] = {}
         while todo:
             pid = todo.pop()
             pss, shmem = _pss(pid)
             total += pss
             shared += shmem
-            kinds[_label(pid)] = kinds.get(_label(pid), 0.0) + pss
+            mine = pss if pid == me else mine
+            kind = _label(pid)
+            kinds[kind] = kinds.get(kind, 0.0) + pss
             todo.extend(tree.get(pid, []))
         if total > self.peak_tree:
             self.peak_tree, self.peak_shmem = total, shared
             ranked = sorted(kinds.items(), key=lambda kv: -kv[1])
             self.at_peak = {kind: round(mb, 1) for kind, mb in ranked}
-        self.peak_self = max(self.peak_self, _pss_mb(os.getpid()))
+        self.peak_self = max(self.peak_self, mine)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

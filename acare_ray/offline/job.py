@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -252,20 +252,23 @@ def _write(
     """read -> skip written -> blocks of ``BATCHES_PER_BLOCK`` batches -> actor pool -> write,
     streaming into ``state``'s folder (within the pool's object-store budget, if it has one)."""
     _, _, ray_input = resolve(input_path)
-    budget = pool.store_budget_bytes
-    with store_budget(budget) if budget is not None else nullcontext():
+    with store_budget(pool.store_budget_bytes):
         _stream(ray_input, input_columns(input_path), state, actor, actor_kwargs, pool)
 
 
 @contextmanager
-def store_budget(nbytes: int) -> Iterator[None]:
+def store_budget(nbytes: int | None) -> Iterator[None]:
     """Cap the object-store memory of the datasets executed inside (Ray Data's resource
-    limits on this driver's ``DataContext``), then restore the previous limits.
+    limits on this driver's ``DataContext``), then restore the previous limits; None leaves
+    Ray Data's own limit.
 
     Without a cap Ray Data reads ahead of slow actors up to its share of the whole object
     store (half of it by default), so what the job holds grows with the input."""
     from ray.data import DataContext
 
+    if nbytes is None:
+        yield
+        return
     options = DataContext.get_current().execution_options
     before = options.resource_limits
     options.resource_limits = before.copy(object_store_memory=nbytes)
