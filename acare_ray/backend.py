@@ -61,6 +61,11 @@ class Backend(Protocol):
         ...
 
     @property
+    def inert(self) -> Any:
+        """The :class:`~acare_ray.untrusted.InertTokenizer` every user text is tokenized with."""
+        ...
+
+    @property
     def max_length(self) -> int:
         """Prompt token limit (context and document together)."""
         ...

@@ -331,6 +331,10 @@ class CausalLMBackend:
         return self.encoder.tokenizer
 
     @property
+    def inert(self) -> Any:
+        return self.encoder.inert
+
+    @property
     def max_length(self) -> int:
         return self.encoder.config.max_length
 

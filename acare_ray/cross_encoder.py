@@ -20,7 +20,8 @@ from torch import nn
 
 from acare_ray.causal_lm import BackendStats, move_tensors, pad_right
 from acare_ray.context import AgentContext, Mode
-from acare_ray.prompt import FieldCaps, PromptConfig, query_block
+from acare_ray.prompt import FieldCaps, PromptConfig, cap_fields, query_block, query_block_parts
+from acare_ray.untrusted import InertTokenizer, encode_capped
 
 CROSS_ENCODER_CAPS = FieldCaps(sub_query=64, question=128, reasoning=160)
 
@@ -42,27 +43,24 @@ class CrossEncoderBackend:
         self.plan = plan
         self.device = device
         self.stats = BackendStats()
+        self.inert = InertTokenizer(tokenizer)
+        self.pair = PairLayout.of(self.inert)
 
-    def _cap(self, text: str | None, limit: int, keep_end: bool = False) -> str | None:
-        if text is None:
-            return None
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= limit:
-            return text
-        return self.tokenizer.decode(ids[-limit:] if keep_end else ids[:limit])
+    def context_ids(self, context: AgentContext, mode: Mode) -> list[int]:
+        """Ids of the mode's query block, fields capped on ids, user text inert."""
+        fields = cap_fields(self.inert, context.for_mode(mode), self.config.caps)
+        return self.inert.assemble(query_block_parts(mode, fields))
 
     def context_text(self, context: AgentContext, mode: Mode) -> str:
-        caps = self.config.caps
-        capped = AgentContext(
-            self._cap(context.sub_query, caps.sub_query),
-            question=self._cap(context.question, caps.question) if mode.uses_question else None,
-            reasoning=(
-                self._cap(context.reasoning, caps.reasoning, keep_end=True)
-                if mode.uses_reasoning
-                else None
+        """Display text of the query block (cut fields shown decoded)."""
+        fields = cap_fields(self.inert, context.for_mode(mode), self.config.caps)
+        shown = {name: f.text for name, f in fields.items()}
+        return query_block(
+            AgentContext(
+                shown["query"], question=shown.get("question"), reasoning=shown.get("reasoning")
             ),
+            mode,
         )
-        return query_block(capped, mode)
 
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:
         sep = self.tokenizer.sep_token or "\n"
@@ -93,10 +91,8 @@ class CrossEncoderBackend:
         return PairBatch(ids=ids, lengths=lengths, modes=[mode for _, mode in prompts])
 
     def context_tokens(self, context: AgentContext, mode: Mode) -> int:
-        count = len(
-            self.tokenizer(self.context_text(context, mode), add_special_tokens=False)["input_ids"]
-        )
-        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        count = len(self.context_ids(context, mode))
+        specials = self.pair.specials
         if count + specials >= self.max_length:
             raise ValueError(
                 f"context is {count + specials} tokens, max_length is {self.max_length}"
@@ -104,25 +100,25 @@ class CrossEncoderBackend:
         return count
 
     def document_room(self, context_tokens: int) -> int:
-        return (
-            self.max_length - context_tokens - self.tokenizer.num_special_tokens_to_add(pair=True)
-        )
+        return self.max_length - context_tokens - self.pair.specials
 
     def request_cost(self, context_tokens: int, document_tokens: Sequence[int]) -> int:
-        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        specials = self.pair.specials
         return sum(document_tokens) + (context_tokens + specials) * len(document_tokens)
 
     def encode(self, searches: list[tuple[AgentContext, Mode, list[str]]]) -> list[list[int]]:
-        firsts, seconds = [], []
+        """Pair ids (special tokens, context block, document cut to the room left) per document."""
+        firsts, seconds, rooms = [], [], []
         for context, mode, docs in searches:
-            text = self.context_text(context, mode)
-            firsts.extend([text] * len(docs))
-            seconds.extend(doc[: 8 * self.config.max_length] for doc in docs)
-        if not firsts:
-            return []
-        return self.tokenizer(
-            firsts, seconds, truncation="only_second", max_length=self.config.max_length
-        )["input_ids"]
+            if not docs:
+                continue
+            first = self.context_ids(context, mode)
+            room = max(self.max_length - len(first) - self.pair.specials, 0)
+            firsts.extend([first] * len(docs))
+            seconds.extend(docs)
+            rooms.extend([room] * len(docs))
+        encoded = encode_capped(self.inert, seconds, rooms)
+        return [self.pair.join(a, b[:room]) for a, b, room in zip(firsts, encoded, rooms)]
 
     def forward_ids(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Logits ``[N]`` for right-padded pair ids; differentiable (training calls this)."""
@@ -158,6 +154,41 @@ class CrossEncoderBackend:
             out.append(flat[start : start + len(docs)])
             start += len(docs)
         return out
+
+
+@dataclass(frozen=True)
+class PairLayout:
+    """Where a tokenizer puts its special tokens around a text pair (``[CLS] a [SEP] b [SEP]``
+    for BERT, ``<s> a </s></s> b </s>`` for XLM-R), read once from its post-processor."""
+
+    head: tuple[int, ...]
+    middle: tuple[int, ...]
+    tail: tuple[int, ...]
+
+    @classmethod
+    def of(cls, inert: InertTokenizer) -> PairLayout:
+        first = inert.plain.encode("a", add_special_tokens=False)
+        second = inert.plain.encode("b", add_special_tokens=False)
+        ids = inert.plain.post_process(first, second, add_special_tokens=True).ids
+        a = _find(ids, first.ids, 0)
+        b = _find(ids, second.ids, a + len(first.ids))
+        return cls(
+            tuple(ids[:a]), tuple(ids[a + len(first.ids) : b]), tuple(ids[b + len(second.ids) :])
+        )
+
+    @property
+    def specials(self) -> int:
+        return len(self.head) + len(self.middle) + len(self.tail)
+
+    def join(self, first: list[int], second: list[int]) -> list[int]:
+        return [*self.head, *first, *self.middle, *second, *self.tail]
+
+
+def _find(ids: list[int], piece: list[int], start: int) -> int:
+    for i in range(start, len(ids) - len(piece) + 1):
+        if ids[i : i + len(piece)] == piece:
+            return i
+    raise ValueError(f"the tokenizer's pair template {ids} does not contain {piece}")
 
 
 class PairScorer(nn.Module):

@@ -8,14 +8,28 @@ tokenized once per search (the shared prefix); each document is tokenized as ``"
 suffix is a constant. ``prefix_ids + document_ids + suffix_ids`` equals tokenizing the whole
 prompt at once (checked on real MuSiQue paragraphs in the tests), which is what lets the scorer
 reuse the prefix's KV cache for every candidate.
+
+Every field, document and custom instruction is untrusted text: it is tokenized by
+:class:`acare_ray.untrusted.InertTokenizer`, so only the template produces control tokens, and a
+field over its cap is cut on token ids (never decoded and tokenized again).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from string import Formatter
 from typing import Any
 
 from acare_ray.context import AgentContext, Mode
+from acare_ray.untrusted import (
+    Ids,
+    InertTokenizer,
+    Part,
+    Template,
+    UserText,
+    cut_ids,
+    encode_capped,
+)
 
 SYSTEM_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -107,43 +121,100 @@ def single_token_id(tokenizer: Any, text: str) -> int:
     return ids[0]
 
 
+FIELD_CAPS: tuple[tuple[str, str, bool], ...] = (
+    # (template placeholder, AgentContext attribute, keep the end when cut)
+    ("query", "sub_query", False),
+    ("question", "question", False),
+    ("reasoning", "reasoning", True),
+)
+
+
+@dataclass(frozen=True)
+class CappedField:
+    """One context field after its cap: ``ids`` is None when the whole text fits (it is then
+    tokenized together with the template around it), else the kept token ids."""
+
+    text: str
+    ids: tuple[int, ...] | None = None
+
+
+def cap_fields(
+    inert: InertTokenizer, context: AgentContext, caps: FieldCaps
+) -> dict[str, CappedField]:
+    """The context's present fields, each cut on token ids to its cap (reasoning keeps its end).
+
+    Keys are the query-block placeholders (``query``, ``question``, ``reasoning``). A cut field
+    keeps its ids and is never decoded and tokenized again; its ``text`` is for display only.
+    """
+    out = {}
+    for name, attribute, keep_end in FIELD_CAPS:
+        text = getattr(context, attribute)
+        if text is None:
+            continue
+        limit = getattr(caps, attribute)
+        (ids,) = encode_capped(inert, [text], [limit], keep_end)
+        kept = cut_ids(ids, limit, keep_end)
+        out[name] = CappedField(text) if kept is None else CappedField(inert.decode(kept), kept)
+    return out
+
+
+def query_block_parts(mode: Mode, fields: dict[str, CappedField]) -> list[Part]:
+    """The ``<Query>:`` text of ``mode`` as template parts and untrusted field parts."""
+    parts: list[Part] = []
+    for literal, name, _, _ in Formatter().parse(QUERY_BLOCKS[mode]):
+        if literal:
+            parts.append(Template(literal))
+        if name is not None:
+            if name not in fields:
+                raise ValueError(f"mode {mode.value} needs the field {name!r}, which is missing")
+            field_ = fields[name]
+            parts.append(UserText(field_.text) if field_.ids is None else Ids(field_.ids))
+    return parts
+
+
 class PromptEncoder:
     """Turns (context, documents) into token ids: capped fields, shared prefix, truncated documents.
 
+    All user text (fields, documents, a configured instruction) goes through an
+    :class:`~acare_ray.untrusted.InertTokenizer`: only the template makes control tokens.
     ``prefix_ids`` is computed once per search; ``document_ids`` tokenizes all documents of any
-    number of searches in one batched fast-tokenizer call; ``document_budget`` says how many
-    document tokens fit beside a prefix so that prefix + document + suffix <= ``max_length``.
+    number of searches in one batched call; ``document_budget`` says how many document tokens fit
+    beside a prefix so that prefix + document + suffix <= ``max_length``.
     """
 
     def __init__(self, tokenizer: Any, config: PromptConfig | None = None) -> None:
         self.tokenizer = tokenizer
         self.config = config or PromptConfig()
-        self.suffix_ids: list[int] = self._ids(SUFFIX)
+        self.inert = InertTokenizer(tokenizer)
+        self.inert.check_template(tokenizer, SYSTEM_PREFIX)
+        self.suffix_ids: list[int] = self.inert.check_template(tokenizer, SUFFIX)
         self.yes_id = single_token_id(tokenizer, YES_TOKEN)
         self.no_id = single_token_id(tokenizer, NO_TOKEN)
 
-    def _ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _cap(self, text: str | None, limit: int, keep_end: bool = False) -> str | None:
-        if text is None:
-            return None
-        ids = self._ids(text)
-        if len(ids) <= limit:
-            return text
-        kept = ids[-limit:] if keep_end else ids[:limit]
-        return self.tokenizer.decode(kept)
-
     def capped(self, context: AgentContext) -> AgentContext:
-        """``context`` with each field cut to its token cap (reasoning keeps its end)."""
-        caps = self.config.caps
+        """``context`` with each field cut to its token cap, as display text (reasoning keeps
+        its end). The ids the model reads come from :meth:`prefix_ids`, not from this text."""
+        fields = cap_fields(self.inert, context, self.config.caps)
         return AgentContext(
-            self._cap(context.sub_query, caps.sub_query),
-            question=self._cap(context.question, caps.question),
-            reasoning=self._cap(context.reasoning, caps.reasoning, keep_end=True),
+            fields["query"].text,
+            question=fields["question"].text if "question" in fields else None,
+            reasoning=fields["reasoning"].text if "reasoning" in fields else None,
         )
 
+    def prefix_parts(self, context: AgentContext, mode: Mode) -> list[Part]:
+        """The prompt up to and including ``<Document>:`` as template and user parts."""
+        fields = cap_fields(self.inert, context.for_mode(mode), self.config.caps)
+        instruction = self.config.instruction
+        return [
+            Template(f"{SYSTEM_PREFIX}<Instruct>: "),
+            Template(INSTRUCTIONS[mode]) if instruction is None else UserText(instruction),
+            Template("\n<Query>: "),
+            *query_block_parts(mode, fields),
+            Template(f"\n{DOCUMENT_TAG}"),
+        ]
+
     def prefix_text(self, context: AgentContext, mode: Mode) -> str:
+        """Display text of the prefix (cut fields shown decoded)."""
         return render_prefix(self.capped(context).for_mode(mode), mode, self.config.instruction)
 
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:
@@ -151,7 +222,7 @@ class PromptEncoder:
         return f"{self.prefix_text(context, mode)} {document}{SUFFIX}"
 
     def prefix_ids(self, context: AgentContext, mode: Mode) -> list[int]:
-        ids = self._ids(self.prefix_text(context, mode))
+        ids = self.inert.assemble(self.prefix_parts(context, mode))
         if len(ids) + len(self.suffix_ids) >= self.config.max_length:
             raise ValueError(
                 f"prompt without document is {len(ids) + len(self.suffix_ids)} tokens, "
@@ -163,20 +234,7 @@ class PromptEncoder:
         return self.config.max_length - prefix_len - len(self.suffix_ids)
 
     def document_ids(self, documents: list[str], budgets: list[int]) -> list[list[int]]:
-        """Token ids of ``" " + doc`` for each document, cut to its budget, in one batched call.
-
-        Very long documents are cut by characters before tokenizing (a token spans at most a
-        few dozen characters in practice); if the cut text yields too few tokens the whole
-        document is tokenized instead, so the result never depends on the shortcut.
-        """
-        if not documents:
-            return []
-        limits = [max(8 * b, 4096) for b in budgets]
-        texts = [" " + doc[:limit] for doc, limit in zip(documents, limits)]
-        encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        out = []
-        for doc, limit, budget, ids in zip(documents, limits, budgets, encoded):
-            if len(doc) > limit and len(ids) <= budget + 16:
-                ids = self._ids(" " + doc)
-            out.append(ids[:budget])
-        return out
+        """Token ids of ``" " + doc`` for each document, cut to its budget, in one batched call
+        (very long documents are cut by characters first: :func:`encode_capped`)."""
+        texts = [" " + doc for doc in documents]
+        return [ids[:b] for ids, b in zip(encode_capped(self.inert, texts, budgets), budgets)]

@@ -61,7 +61,7 @@ class TokenLayout:
     def __init__(self, scorer: Any) -> None:
         self._backend = scorer.backend
         self.backend_name = self._backend.name
-        self.tokenizer = self._backend.tokenizer
+        self.inert = self._backend.inert
         self.lead = self._backend.document_lead
         self.max_length = self._backend.max_length
 
@@ -83,8 +83,7 @@ class TokenLayout:
         """Exact token counts of documents that fit already (as :meth:`fit` returns them)."""
         if not documents:
             return []
-        ids = self.tokenizer([self.lead + d for d in documents], add_special_tokens=False)
-        return [len(i) for i in ids["input_ids"]]
+        return [len(i) for i in self.inert.encode([self.lead + d for d in documents])]
 
     def fit(self, documents: Sequence[str], limit: int, keep_end: bool = False) -> FittedDocuments:
         """Cut each document to at most ``limit`` tokens (its start, or its end if ``keep_end``)."""
@@ -110,10 +109,7 @@ class TokenLayout:
         return FittedDocuments(texts, kept, original, exact)
 
     def _encode(self, pieces: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        out = self.tokenizer(
-            [self.lead + p for p in pieces], add_special_tokens=False, return_offsets_mapping=True
-        )
-        return list(zip(out["input_ids"], out["offset_mapping"]))
+        return self.inert.encode_offsets([self.lead + p for p in pieces])
 
     def _cut(
         self, doc: str, offsets: list[tuple[int, int]], base: int, limit: int, keep_end: bool
