@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from acare_ray.causal_lm import BackendStats, move_tensors, pad_right
 from acare_ray.backend import CancelFn, check_cancelled
+from acare_ray.causal_lm import BackendStats, move_tensors, pad_right
 from acare_ray.context import AgentContext, Mode
 from acare_ray.prompt import FieldCaps, PromptConfig, query_block
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from acare_ray.backend import Cancelled, CancelFn
+from acare_ray.backend import CancelFn, Cancelled
 from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
 from acare_ray.prompt import FieldCaps, PromptConfig, PromptEncoder
 

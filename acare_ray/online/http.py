@@ -335,7 +335,11 @@ def create_api(
         return tei_response(body, scores)
 
     # The body models are built per app (max_documents), so the annotations are set here.
-    for route, body_model in ((rerank_v1, cohere_body), (rerank_v2, cohere_body), (rerank_tei, tei_body)):
+    for route, body_model in (
+        (rerank_v1, cohere_body),
+        (rerank_v2, cohere_body),
+        (rerank_tei, tei_body),
+    ):
         route.__annotations__["body"] = body_model
     answers = {"response_model_exclude_none": True}
     api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)

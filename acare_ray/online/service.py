@@ -22,7 +22,6 @@ from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
 from acare_ray.online.tokens import TokenLayout
 from acare_ray.scorer import Scorer, score_isolated
 
-
 # Error messages may quote client input (a mode name, an exception text): never echo more.
 MAX_MESSAGE_CHARS = 300
 
@@ -150,7 +149,9 @@ class RerankService:
             self._template_tokens[mode] + sum(len(f.encode("utf-8")) for f in fields), max_length
         )
         limit = min(search.max_tokens_per_doc or max_length, max_length)
-        documents = [min(self._lead_bytes + len(d.encode("utf-8")), limit) for d in search.documents]
+        documents = [
+            min(self._lead_bytes + len(d.encode("utf-8")), limit) for d in search.documents
+        ]
         if not documents:
             return 0
         return min(self.layout.cost(context, documents), context + max_length * len(documents))

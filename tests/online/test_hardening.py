@@ -87,16 +87,20 @@ def test_max_documents_is_refused_while_validating(service):
 
 def test_a_body_that_never_arrives_gets_408(service):
     """Pins issue 21.3: there was no body-read deadline."""
-    api = create_api(
-        RerankService(service.scorer, "x", Limits(body_read_timeout_s=0.05)), None
-    )
+    api = create_api(RerankService(service.scorer, "x", Limits(body_read_timeout_s=0.05)), None)
     sent = []
 
     async def run():
         scope = {
-            "type": "http", "method": "POST", "path": "/rerank", "root_path": "",
-            "headers": [(b"content-type", b"application/json")], "query_string": b"",
-            "client": ("10.0.0.1", 1), "server": ("t", 80), "scheme": "http",
+            "type": "http",
+            "method": "POST",
+            "path": "/rerank",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+            "client": ("10.0.0.1", 1),
+            "server": ("t", 80),
+            "scheme": "http",
             "http_version": "1.1",
         }
 
@@ -115,7 +119,9 @@ def test_a_body_that_never_arrives_gets_408(service):
 
 def test_echoed_fields_that_are_not_unicode_get_422_not_500(service):
     """Pins issue 21.4: an echoed extra field with a lone surrogate gave a 500 after the work."""
-    content = b'{"query": "q", "documents": [{"text": "a", "x": "\\ud800"}], "return_documents": true}'
+    content = (
+        b'{"query": "q", "documents": [{"text": "a", "x": "\\ud800"}], "return_documents": true}'
+    )
     response = app(service).post(
         "/v2/rerank", content=content, headers={"content-type": "application/json"}
     )
@@ -130,7 +136,9 @@ def test_error_messages_and_the_truncated_header_are_bounded(service):
     assert response.status_code == 422 and len(response.text) < 1000
     wide = RerankService(service.scorer, "x", Limits(max_documents=2000))
     docs = ["one two three four five six seven"] * 1500
-    response = app(wide).post("/v2/rerank", json={"query": "q", "documents": docs, "max_tokens_per_doc": 2})
+    response = app(wide).post(
+        "/v2/rerank", json={"query": "q", "documents": docs, "max_tokens_per_doc": 2}
+    )
     assert response.status_code == 200
     assert len(response.headers["x-acare-truncated"]) < 1024
     assert response.headers["x-acare-truncated-count"] == "1500"
@@ -139,7 +147,9 @@ def test_error_messages_and_the_truncated_header_are_bounded(service):
 def test_health_says_only_up_or_down_and_status_needs_the_key(service):
     """Pins issue 21.4 / 23.5: /health showed model path, replica and auth settings to anyone."""
     up = [True]
-    client = app(service, api_key="k1, k2\n", status=lambda: {"replica": "r"}, healthy=lambda: up[0])
+    client = app(
+        service, api_key="k1, k2\n", status=lambda: {"replica": "r"}, healthy=lambda: up[0]
+    )
     assert client.get("/health").json() == {"status": "ok"}
     up[0] = False
     down = client.get("/health")
@@ -183,16 +193,37 @@ def test_a_client_over_its_share_gets_429_and_others_still_get_in():
 
 
 VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 5000) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5000)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=30),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=12,
 )
-FIELDS = ["query", "documents", "texts", "top_n", "return_documents", "max_tokens_per_doc",
-          "rank_fields", "original_question", "reasoning", "mode", "raw_scores", "return_text",
-          "truncate", "truncation_direction", "model", "priority"]
+FIELDS = [
+    "query",
+    "documents",
+    "texts",
+    "top_n",
+    "return_documents",
+    "max_tokens_per_doc",
+    "rank_fields",
+    "original_question",
+    "reasoning",
+    "mode",
+    "raw_scores",
+    "return_text",
+    "truncate",
+    "truncation_direction",
+    "model",
+    "priority",
+]
 DOCS = st.lists(
-    st.text(max_size=40) | st.fixed_dictionaries({"text": st.text(max_size=40)}, optional={"title": VALUES}),
+    st.text(max_size=40)
+    | st.fixed_dictionaries({"text": st.text(max_size=40)}, optional={"title": VALUES}),
     max_size=MAX_DOCUMENTS + 2,
 )
 BODIES = st.fixed_dictionaries(
@@ -212,7 +243,9 @@ def fuzz_client(service):
     return app(service)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(path=st.sampled_from(["/v1/rerank", "/v2/rerank", "/rerank"]), body=BODIES)
 def test_fuzzed_bodies_never_get_a_5xx_and_every_4xx_names_a_field(fuzz_client, path, body):
     """Issue 21 done-when: a property-based fuzz of the HTTP API. Any JSON body to any rerank
