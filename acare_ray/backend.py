@@ -21,7 +21,7 @@ loads back into the same backend; it is a label, not something to branch on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -29,6 +29,19 @@ import torch
 from torch import nn
 
 from acare_ray.context import AgentContext, Mode
+
+CancelFn = Callable[[], bool]
+
+
+class Cancelled(Exception):
+    """Scoring stopped between forward passes because its ``cancel`` callable said so."""
+
+
+def check_cancelled(cancel: CancelFn | None) -> None:
+    """Raise :class:`Cancelled` if ``cancel`` (e.g. ``threading.Event().is_set``) says so; a
+    backend calls it before every forward pass."""
+    if cancel is not None and cancel():
+        raise Cancelled("scoring cancelled")
 
 
 @runtime_checkable
@@ -40,9 +53,10 @@ class Backend(Protocol):
 
     # inference
     def score_searches(
-        self, searches: list[tuple[AgentContext, Mode, list[str]]]
+        self, searches: list[tuple[AgentContext, Mode, list[str]]], cancel: CancelFn | None = None
     ) -> list[np.ndarray]:
-        """Float32 log-odds per search, documents in input order."""
+        """Float32 log-odds per search, documents in input order; :func:`check_cancelled` runs
+        before every forward pass."""
         ...
 
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from acare_ray.backend import CancelFn, check_cancelled
 from acare_ray.context import AgentContext, Mode
 from acare_ray.prompt import PromptEncoder
 
@@ -378,9 +379,10 @@ class CausalLMBackend:
         return context_tokens + sum(document_tokens) + suffix * len(document_tokens)
 
     def score_searches(
-        self, searches: list[tuple[AgentContext, Mode, list[str]]]
+        self, searches: list[tuple[AgentContext, Mode, list[str]]], cancel: CancelFn | None = None
     ) -> list[np.ndarray]:
-        """Float32 log-odds per search, documents in input order."""
+        """Float32 log-odds per search, documents in input order; ``cancel`` is checked before
+        every forward pass (:func:`~acare_ray.backend.check_cancelled`)."""
         started = time.perf_counter()
         prefixes = [self.encoder.prefix_ids(context, mode) for context, mode, _ in searches]
         documents = [doc for _, _, docs in searches for doc in docs]
@@ -397,12 +399,15 @@ class CausalLMBackend:
             seqs.append([ids + suffix for ids in doc_ids[start : start + len(docs)]])
             start += len(docs)
         results: list[np.ndarray] = [np.empty(0, dtype=np.float32)] * len(searches)
+        stop = {} if cancel is None else {"cancel": cancel}
         with torch.inference_mode():
             for pack in self._packs(prefixes, seqs):
                 if len(pack) == 1:
-                    results[pack[0]] = self._score_search(prefixes[pack[0]], seqs[pack[0]])
+                    results[pack[0]] = self._score_search(prefixes[pack[0]], seqs[pack[0]], **stop)
                 else:
-                    scores = self._score_pack([prefixes[i] for i in pack], [seqs[i] for i in pack])
+                    scores = self._score_pack(
+                        [prefixes[i] for i in pack], [seqs[i] for i in pack], **stop
+                    )
                     for i, out in zip(pack, scores):
                         results[i] = out
         return results
@@ -430,10 +435,14 @@ class CausalLMBackend:
         return packs
 
     def _score_pack(
-        self, prefixes: list[list[int]], seqs: list[list[list[int]]]
+        self,
+        prefixes: list[list[int]],
+        seqs: list[list[list[int]]],
+        cancel: CancelFn | None = None,
     ) -> list[np.ndarray]:
         """Several searches in shared forwards: prefixes right-padded into one prefix pass, each
         candidate attending to its own search's prefix (``doc_group``)."""
+        check_cancelled(cancel)
         prefix_ids, prefix_lengths = pad_right(prefixes)
         prefix_mask = torch.arange(prefix_ids.shape[1])[None] < prefix_lengths[:, None]
         state = self.module.encode_prefixes(prefix_ids.to(self.device), prefix_mask.to(self.device))
@@ -442,6 +451,7 @@ class CausalLMBackend:
         group = np.repeat(np.arange(len(seqs)), [len(docs) for docs in seqs])
         scores = np.empty(len(flat), dtype=np.float32)
         for batch in self.plan([len(s) for s in flat]):
+            check_cancelled(cancel)
             padded, lengths = pad_right([flat[i] for i in batch])
             self.stats.add(real=int(lengths.sum()), computed=padded.numel())
             out = self.module.score_documents(
@@ -454,16 +464,20 @@ class CausalLMBackend:
         bounds = np.cumsum([len(docs) for docs in seqs])[:-1]
         return np.split(scores, bounds)
 
-    def _score_search(self, prefix: list[int], seqs: list[list[int]]) -> np.ndarray:
+    def _score_search(
+        self, prefix: list[int], seqs: list[list[int]], cancel: CancelFn | None = None
+    ) -> np.ndarray:
         scores = np.empty(len(seqs), dtype=np.float32)
         if not seqs:
             return scores
+        check_cancelled(cancel)
         prefix_ids = torch.tensor([prefix], device=self.device)
         state = self.module.encode_prefixes(
             prefix_ids, torch.ones_like(prefix_ids, dtype=torch.bool)
         )
         self.stats.add(real=len(prefix), computed=len(prefix))
         for batch in self.plan([len(s) for s in seqs]):
+            check_cancelled(cancel)
             padded, lengths = pad_right([seqs[i] for i in batch])
             self.stats.add(real=int(lengths.sum()), computed=padded.numel())
             out = self.module.score_documents(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from acare_ray.backend import CancelFn, check_cancelled
 from acare_ray.causal_lm import BackendStats, move_tensors, pad_right
 from acare_ray.context import AgentContext, Mode
 from acare_ray.prompt import FieldCaps, PromptConfig, cap_fields, query_block, query_block_parts
@@ -136,7 +137,7 @@ class CrossEncoderBackend:
         return (after_first_sep & mask.bool()).long()
 
     def score_searches(
-        self, searches: list[tuple[AgentContext, Mode, list[str]]]
+        self, searches: list[tuple[AgentContext, Mode, list[str]]], cancel: CancelFn | None = None
     ) -> list[np.ndarray]:
         started = time.perf_counter()
         encoded = self.encode(searches)
@@ -144,6 +145,7 @@ class CrossEncoderBackend:
         flat = np.empty(len(encoded), dtype=np.float32)
         with torch.inference_mode():
             for batch in self.plan([len(e) for e in encoded]):
+                check_cancelled(cancel)
                 ids, lengths = pad_right([encoded[i] for i in batch], self.tokenizer.pad_token_id)
                 self.stats.add(real=int(lengths.sum()), computed=ids.numel())
                 flat[batch] = (

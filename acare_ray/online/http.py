@@ -5,12 +5,19 @@
 same app can be built without Ray.
 
 Errors: every client mistake is a 4xx with a JSON body ``{"message": ...}`` naming the field
-(``documents[3]: Input should be a valid string``): 401 missing/wrong bearer key, 413 body or
-document too large / too many documents, 422 invalid body. Overload is a 503 with
-``Retry-After``: ``score`` raises :class:`~acare_ray.online.admission.Overloaded` when the work
-queued ahead would start the request after the admission deadline, and the optional ``screen``
-refuses a rerank request the same way before its body is read while the replica is over its
-deadline already (see :mod:`acare_ray.online.admission`).
+(``documents[3]: Input should be a valid string``), bounded in length whatever it quotes: 401
+missing/wrong bearer key, 408 body not received within ``body_read_timeout_s``, 413 body or
+document too large / too many documents (refused while the body is validated, before any
+document is looked at) / request over ``max_request_tokens``, 422 invalid body. Overload is a
+503 with ``Retry-After``: ``score`` raises :class:`~acare_ray.online.admission.Overloaded` when
+the work queued ahead would start the request after the admission deadline, and the optional
+``screen`` refuses a rerank request the same way before its body is read while the replica is
+over its deadline already; a client over its fair share gets 429
+(:class:`~acare_ray.online.admission.RateLimited`) the same way.
+
+Public without a key: ``GET /health`` (``{"status": "ok"}`` or 503 ``{"status": "down"}``,
+nothing else) and the OpenAPI docs. Everything else, ``GET /v1/status`` (model, replica,
+batching, admission) included, needs the key when one is configured.
 
 Every answered rerank request carries its usage in ``x-acare-tokens`` (the tokens scored).
 """
@@ -23,12 +30,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, create_model
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -43,11 +51,15 @@ from acare_ray.online.api import (
     cohere_response,
     tei_response,
 )
-from acare_ray.online.service import ClientError, RerankService, ScoringJob, Search
+from acare_ray.online.service import ClientError, RerankService, ScoringJob, Search, bounded
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank", "/rerank"})
+# Where the Gate leaves the client's identity for the routes (admission's fair share).
+CLIENT_STATE = "acare_client"
+# Header values behind common ingresses must stay well below their 4-8 KB header limits.
+MAX_TRUNCATED_LISTED = 100
 
 
 @dataclass(frozen=True)
@@ -58,41 +70,55 @@ class Scored:
     batch_requests: int = 1
 
 
-ScoreFn = Callable[[ScoringJob], Awaitable[Scored]]
+ScoreFn = Callable[[ScoringJob, str], Awaitable[Scored]]
 ScreenFn = Callable[[], Overloaded | None]
 
 
+def parse_keys(value: str | None) -> tuple[str, ...]:
+    """API keys from a secret's text: separated by commas or newlines, whitespace stripped
+    (a key file written with a trailing newline is the same key), empty entries dropped."""
+    if not value:
+        return ()
+    return tuple(k.strip() for k in value.replace(",", "\n").splitlines() if k.strip())
+
+
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"message": message}, status_code=status, headers=headers)
+    return JSONResponse({"message": bounded(message)}, status_code=status, headers=headers)
 
 
 class Gate:
     """ASGI middleware run before any body parsing: bearer key check, overload screen, then
-    body size limit.
+    body size limit and body-read deadline.
 
     The size is checked against ``Content-Length`` up front and counted while the body
-    streams in, so a chunked upload cannot bypass it. ``/health`` and the docs stay open.
-    ``screen`` (if given) may refuse a rerank request as :class:`Overloaded` before it is read.
+    streams in, so a chunked upload cannot bypass it; the whole body must arrive within
+    ``body_read_timeout_s`` (else 408), so a slow sender cannot hold a request open.
+    ``/health`` and the docs stay open. ``screen`` (if given) may refuse a rerank request as
+    :class:`Overloaded` before it is read. The client's identity (which key, or its address
+    when no key is configured) goes to the routes in ``scope["state"]``.
     """
 
     def __init__(
         self,
         app: ASGIApp,
-        api_key: str | None,
+        api_keys: tuple[str, ...],
         max_body_bytes: int,
         screen: ScreenFn | None = None,
+        body_read_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
-        self.api_key = api_key
+        self.api_keys = api_keys
         self.max_body_bytes = max_body_bytes
         self.screen = screen
+        self.body_read_timeout_s = body_read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if self.api_key and _route_path(scope) not in OPEN_PATHS and not self._authorized(headers):
+        client = self._client(scope, headers)
+        if self.api_keys and _route_path(scope) not in OPEN_PATHS and client is None:
             response = _json_error(
                 401,
                 "Authorization: a valid 'Bearer <key>' header is required",
@@ -100,6 +126,7 @@ class Gate:
             )
             await response(scope, receive, send)
             return
+        scope.setdefault("state", {})[CLIENT_STATE] = client or "anonymous"
         if self.screen is not None and _route_path(scope) in RERANK_PATHS:
             refusal = self.screen()
             if refusal is not None:
@@ -110,14 +137,27 @@ class Gate:
             await _json_error(413, self._too_large(int(declared)))(scope, receive, send)
             return
         received = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_read_timeout_s
+        body_done = False
 
         async def receive_limited():
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body: disconnect notices, no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise HTTPException(
+                    408, f"body: not received within {self.body_read_timeout_s:g} s"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
                     raise HTTPException(413, self._too_large(received))
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         await self.app(scope, receive_limited, send)
@@ -125,11 +165,21 @@ class Gate:
     def _too_large(self, size: int) -> str:
         return f"body: {size} bytes is over the limit of {self.max_body_bytes} bytes"
 
-    def _authorized(self, headers: Headers) -> bool:
+    def _client(self, scope: Scope, headers: Headers) -> str | None:
+        """``key:<n>`` for the n-th configured key (``None`` if keys are configured and none
+        matches), else ``addr:<client host>``."""
+        if not self.api_keys:
+            peer = scope.get("client") or ("unknown", 0)
+            return f"addr:{peer[0]}"
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), self.api_key.encode()
-        )
+        if scheme.lower() != "bearer":
+            return None
+        given = token.strip().encode()
+        found = None
+        for i, key in enumerate(self.api_keys):  # compare with every key: no timing hint
+            if hmac.compare_digest(given, key.encode()):
+                found = f"key:{i}"
+        return found
 
 
 def _route_path(scope: Scope) -> str:
@@ -150,16 +200,19 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
     problems = []
-    for error in exc.errors():
-        field = _field_path(tuple(error.get("loc", ())))
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    status = 422
+    for error in exc.errors()[:20]:
+        field = bounded(_field_path(tuple(error.get("loc", ()))), 100)
+        message = bounded(str(error.get("msg", "invalid")).removeprefix("Value error, "))
         # Whole-body checks (model validators) already name the field in their message.
         whole_body = field == "body" and error.get("type") == "value_error"
+        if error.get("type") == "too_long" and field in ("documents", "texts"):
+            status = 413  # max_documents, enforced while the body is validated
         problems.append(
             {"field": field, "message": message if whole_body else f"{field}: {message}"}
         )
-    text = "; ".join(p["message"] for p in problems)
-    return JSONResponse({"message": text, "errors": problems}, status_code=422)
+    text = bounded("; ".join(p["message"] for p in problems), 1000)
+    return JSONResponse({"message": text, "errors": problems}, status_code=status)
 
 
 def _overloaded_response(exc: Overloaded) -> JSONResponse:
@@ -167,7 +220,7 @@ def _overloaded_response(exc: Overloaded) -> JSONResponse:
         "retry-after": str(exc.retry_after_s),
         "x-acare-expected-wait-s": f"{exc.expected_wait_s:.3f}",
     }
-    return _json_error(503, exc.message, headers)
+    return _json_error(exc.status, exc.message, headers)
 
 
 async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
@@ -182,17 +235,36 @@ async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
     return _json_error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
 
+def _with_max_items(model: type[BaseModel], field: str, limit: int) -> type[BaseModel]:
+    """``model`` whose list ``field`` holds at most ``limit`` items (``maxItems`` in OpenAPI),
+    so ``max_documents`` is enforced while the body is validated."""
+    info = model.model_fields[field]
+    annotation = Annotated[info.annotation, Field(max_length=limit)]
+    return create_model(
+        model.__name__,
+        __base__=model,
+        __doc__=model.__doc__,
+        **{field: (annotation, Field(description=info.description))},
+    )
+
+
 def create_api(
     service: RerankService,
     score: ScoreFn,
     *,
-    api_key: str | None = None,
+    api_key: str | tuple[str, ...] | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
     screen: ScreenFn | None = None,
+    healthy: Callable[[], bool] | None = None,
 ) -> FastAPI:
-    """The HTTP app; ``score`` scores one prepared job (batched by the caller if it wants) or
-    raises :class:`Overloaded`; ``screen`` refuses work before a request body is read."""
+    """The HTTP app; ``score(job, client)`` scores one prepared job (batched by the caller if it
+    wants) or raises :class:`Overloaded`; ``screen`` refuses work before a request body is
+    read; ``api_key`` is one key or several (any of them is accepted; each is a client of its
+    own for fairness); ``healthy`` says whether ``/health`` answers ok."""
     model = service.model_name
+    keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
+    cohere_body = _with_max_items(CohereRerankRequest, "documents", service.limits.max_documents)
+    tei_body = _with_max_items(TeiRerankRequest, "texts", service.limits.max_documents)
     api = FastAPI(
         title="acare_ray reranker",
         version="1",
@@ -203,31 +275,41 @@ def create_api(
         ),
     )
     api.add_middleware(
-        Gate, api_key=api_key, max_body_bytes=service.limits.max_body_bytes, screen=screen
+        Gate,
+        api_keys=keys,
+        max_body_bytes=service.limits.max_body_bytes,
+        screen=screen,
+        body_read_timeout_s=service.limits.body_read_timeout_s,
     )
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(ClientError, _client_error)
     api.add_exception_handler(Overloaded, _overloaded)
     api.add_exception_handler(HTTPException, _http_error)
 
-    async def run(search: Search, response: Response) -> tuple[ScoringJob, np.ndarray, int]:
+    async def run(
+        search: Search, request: Request, response: Response
+    ) -> tuple[ScoringJob, np.ndarray, int]:
         """Prepare, score and count one search: (job, log-odds, tokens scored)."""
         job = await asyncio.to_thread(service.prepare, search)
         response.headers["x-acare-mode"] = job.mode.value
         if job.truncated:
-            response.headers["x-acare-truncated"] = ",".join(map(str, job.truncated))
+            listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
+            more = len(job.truncated) - MAX_TRUNCATED_LISTED
+            response.headers["x-acare-truncated"] = listed + (f",+{more}" if more > 0 else "")
+            response.headers["x-acare-truncated-count"] = str(len(job.truncated))
         if not job.documents:
             response.headers["x-acare-tokens"] = "0"
             return job, np.empty(0, dtype=np.float32), 0
-        scored = await score(job)
+        client = request.scope.get("state", {}).get(CLIENT_STATE, "anonymous")
+        scored = await score(job, client)
         tokens = await asyncio.to_thread(service.tokens_scored, job)
         response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
         response.headers["x-acare-tokens"] = str(tokens)
         return job, scored.scores, tokens
 
-    async def cohere(body: CohereRerankRequest, response: Response, version: str):
+    async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
         default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
-        job, scores, tokens = await run(body.search(default), response)
+        job, scores, tokens = await run(body.search(default), request, response)
         return cohere_response(
             body,
             job,
@@ -238,27 +320,44 @@ def create_api(
             tokens=tokens,
         )
 
-    @api.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
-    async def rerank_v1(body: CohereRerankRequest, response: Response) -> RerankResponse:
+    async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
         """Cohere v1 rerank, plus `original_question`, `reasoning`, `mode`."""
-        return await cohere(body, response, "1")
+        return await cohere(body, request, response, "1")
 
-    @api.post("/v2/rerank", response_model=RerankResponse, response_model_exclude_none=True)
-    async def rerank_v2(body: CohereRerankRequest, response: Response) -> RerankResponse:
+    async def rerank_v2(body, request: Request, response: Response) -> RerankResponse:
         """Cohere v2 rerank (`max_tokens_per_doc` defaults to 4096), plus the context fields."""
-        return await cohere(body, response, "2")
+        return await cohere(body, request, response, "2")
 
-    @api.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True)
-    async def rerank_tei(body: TeiRerankRequest, response: Response) -> list[TeiRank]:
+    async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
         """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
         tokens scored are in the `x-acare-tokens` header."""
-        _, scores, _ = await run(body.search(), response)
+        _, scores, _ = await run(body.search(), request, response)
         return tei_response(body, scores)
 
+    # The body models are built per app (max_documents), so the annotations are set here.
+    for route, body_model in (
+        (rerank_v1, cohere_body),
+        (rerank_v2, cohere_body),
+        (rerank_tei, tei_body),
+    ):
+        route.__annotations__["body"] = body_model
+    answers = {"response_model_exclude_none": True}
+    api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)
+    api.post("/v2/rerank", response_model=RerankResponse, **answers)(rerank_v2)
+    api.post("/rerank", response_model=list[TeiRank], **answers)(rerank_tei)
+
     @api.get("/health")
-    async def health() -> dict[str, Any]:
-        """Liveness, the batching settings and the admission state (no auth)."""
-        return {"status": "ok", "model": model, **(status() if status else {})}
+    async def health() -> JSONResponse:
+        """Up or down, nothing else (no auth): 200 `{"status": "ok"}`, or 503
+        `{"status": "down"}` when the replica's last model check failed."""
+        up = healthy() if healthy else True
+        return JSONResponse({"status": "ok" if up else "down"}, status_code=200 if up else 503)
+
+    @api.get("/v1/status")
+    async def replica_status() -> dict[str, Any]:
+        """The served model, this replica, auth, batching settings and admission state (needs
+        the key when one is configured)."""
+        return {"model": model, "auth": bool(keys), **(status() if status else {})}
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -17,28 +17,48 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from acare_ray.backend import CancelFn
 from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
 from acare_ray.online.tokens import TokenLayout
 from acare_ray.scorer import Scorer, score_isolated
 
+# Error messages may quote client input (a mode name, an exception text): never echo more.
+MAX_MESSAGE_CHARS = 300
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (marked with an ellipsis) and made valid UTF-8."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
 
 class ClientError(Exception):
-    """A request the server refuses: ``status`` (HTTP code), ``field`` (request field at fault)."""
+    """A request the server refuses: ``status`` (HTTP code), ``field`` (request field at fault).
+
+    The message is bounded (:data:`MAX_MESSAGE_CHARS`) whatever input it quotes."""
 
     def __init__(self, status: int, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+        field = bounded(field, 100)
         self.status = status
         self.field = field
-        self.message = f"{field}: {message}"
+        self.message = bounded(f"{field}: {message}")
+        super().__init__(self.message)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request limits. ``auto_truncate``: cut documents that do not fit (else refuse, 413)."""
+    """Per-request limits. ``auto_truncate``: cut documents that do not fit (else refuse, 413).
+
+    ``max_request_tokens``: the most tokens one request may cost by its upper bound
+    (:meth:`RerankService.token_bound`, known before anything is tokenized); more is a 413.
+    ``body_read_timeout_s``: the time a client gets to send a whole request body (else 408).
+    """
 
     max_documents: int = 1000
     max_body_bytes: int = 16 * 2**20
     auto_truncate: bool = True
+    max_request_tokens: int = 1_048_576
+    body_read_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,8 @@ class ScoringJob:
     here, estimated from bytes for the others, see :mod:`acare_ray.online.tokens`);
     ``context_tokens`` the exact size of the prompt part beside the documents; ``limit`` the
     per-document token limit applied; ``truncated`` the indices of documents cut to it.
+    ``bound`` is an upper bound of ``tokens`` computed before any tokenization
+    (:meth:`RerankService.token_bound`): what admission and the per-request cap count.
     """
 
     context: AgentContext
@@ -79,6 +101,7 @@ class ScoringJob:
     limit: int = 0
     truncated: tuple[int, ...] = field(default=())
     context_tokens: int = 0
+    bound: int = 0
 
 
 def _check_encodable(field: str, text: str | None) -> None:
@@ -99,6 +122,39 @@ class RerankService:
         self.model_name = model_name
         self.limits = limits or Limits()
         self.layout = TokenLayout(scorer)
+        self._lead_bytes = len(self.layout.lead.encode("utf-8"))
+        # The prompt's own tokens per mode (template, instruction, field labels), measured once
+        # with one-character fields; a request's context is at most these plus its field bytes.
+        probe = AgentContext("x", question="x", reasoning="x")
+        self._template_tokens = {
+            mode: self.layout.context_tokens(probe.for_mode(mode), mode) for mode in Mode
+        }
+
+    def token_bound(self, search: Search, mode: Mode) -> int:
+        """An upper bound of the tokens ``search`` costs, from byte lengths alone.
+
+        A token covers at least one UTF-8 byte (byte-level BPE) or one character (WordPiece),
+        so a text of ``b`` bytes is at most ``b`` tokens; a document is also at most its
+        per-document limit (``max_tokens_per_doc``, the model's ``max_length``) and the context
+        at most ``max_length``. Costed the backend's way (:meth:`TokenLayout.cost`) and never
+        more than a full ``max_length`` per document beside the context.
+        """
+        fields = [search.query]
+        if mode.uses_question:
+            fields.append(search.original_question or "")
+        if mode.uses_reasoning:
+            fields.append(search.reasoning or "")
+        max_length = self.layout.max_length
+        context = min(
+            self._template_tokens[mode] + sum(len(f.encode("utf-8")) for f in fields), max_length
+        )
+        limit = min(search.max_tokens_per_doc or max_length, max_length)
+        documents = [
+            min(self._lead_bytes + len(d.encode("utf-8")), limit) for d in search.documents
+        ]
+        if not documents:
+            return 0
+        return min(self.layout.cost(context, documents), context + max_length * len(documents))
 
     def prepare(self, search: Search) -> ScoringJob:
         """Validate ``search`` and fit its documents; raises :class:`ClientError`."""
@@ -116,6 +172,15 @@ class RerankService:
         for field_name in ("query", "original_question", "reasoning"):
             _check_encodable(field_name, getattr(search, field_name))
         context, mode = self._context(search)
+        bound = self.token_bound(search, mode)
+        if bound > self.limits.max_request_tokens:
+            raise ClientError(
+                413,
+                name,
+                f"this request may cost up to {bound} tokens, at most "
+                f"{self.limits.max_request_tokens} per request: send fewer or shorter "
+                "documents (or a smaller max_tokens_per_doc)",
+            )
         try:
             context_tokens = self.layout.context_tokens(context, mode)
         except ValueError as err:
@@ -151,6 +216,7 @@ class RerankService:
             limit=limit,
             truncated=tuple(i for i, (n, k) in enumerate(zip(fitted.original, kept)) if n > k),
             context_tokens=context_tokens,
+            bound=bound,
         )
 
     def _context(self, search: Search) -> tuple[AgentContext, Mode]:
@@ -180,14 +246,24 @@ class RerankService:
                 )
         return context.for_mode(mode), mode
 
-    def score(self, jobs: Sequence[ScoringJob]) -> list[np.ndarray | Exception]:
+    def score(
+        self, jobs: Sequence[ScoringJob], cancel: CancelFn | None = None
+    ) -> list[np.ndarray | Exception]:
         """Log-odds per job, documents in input order, all jobs in one scorer call.
 
-        Jobs are validated already; should the scorer still reject one, the others are scored
-        alone so one bad request never fails the requests batched with it.
+        Jobs are validated already; should the scorer still fail one (any exception, an
+        out-of-memory error retried at a smaller batch first: :func:`score_isolated`), only
+        that job gets the exception. ``cancel`` is checked before every forward pass; when it
+        says stop, :class:`~acare_ray.backend.Cancelled` is raised.
         """
         items = [(job.context, list(job.documents)) for job in jobs]
-        return score_isolated(self.scorer, items, AUTO, catch=(ValueError,))
+        return score_isolated(self.scorer, items, AUTO, cancel=cancel)
+
+    def probe(self) -> None:
+        """One tiny forward pass: raises if the model cannot score (the replica's health)."""
+        scores = self.scorer.score(AgentContext("health"), ["ok"], Mode.M0)
+        if scores.shape != (1,) or not np.isfinite(scores).all():
+            raise RuntimeError(f"health probe scored {scores!r}")
 
     def tokens_scored(self, job: ScoringJob) -> int:
         """The tokens the model really computes for ``job`` (exact, unlike ``job.tokens``): what

@@ -124,15 +124,15 @@ def service(tiny_scorer) -> RerankService:
 def app_with(service: RerankService, admission: Admission, screens: bool = True) -> TestClient:
     """The HTTP app with admission wired the way the deployment wires it, scoring inline."""
 
-    async def score(job):
-        decision = admission.admit(job.tokens)
+    async def score(job, client):
+        decision = admission.admit(job.tokens, client)
         if not decision.admitted:
             raise decision.refusal(admission.deadline_s)
         try:
             (scores,) = await asyncio.to_thread(service.score, [job])
             return Scored(scores)
         finally:
-            admission.done(job.tokens)
+            admission.done(job.tokens, client)
 
     def screen():
         decision = admission.screen()

@@ -80,6 +80,7 @@ def make_config(checkpoint: Path, port: int) -> dict:
         max_documents=MAX_DOCUMENTS,
         max_body_bytes=MAX_BODY_BYTES,
         api_key_env=None,
+        allow_unauthenticated=True,
     )
     main["deployments"][0]["ray_actor_options"] = {"num_cpus": 0.5}
     guarded = copy.deepcopy(main)
@@ -88,7 +89,7 @@ def make_config(checkpoint: Path, port: int) -> dict:
         route_prefix="/guarded",
         runtime_env={"env_vars": {API_KEY_ENV: API_KEY}},
     )
-    guarded["args"]["api_key_env"] = API_KEY_ENV
+    guarded["args"].update(api_key_env=API_KEY_ENV, allow_unauthenticated=False)
     guarded["deployments"][0].update(
         max_ongoing_requests=2,
         max_queued_requests=1,
@@ -106,6 +107,8 @@ def make_config(checkpoint: Path, port: int) -> dict:
             "max_batch_tokens": 65536,
             "admission_deadline_s": BURST_DEADLINE_S,
             "admission_prior_tokens_per_s": 5000,
+            # One client sends the whole burst: this app tests the deadline, not fair shares.
+            "client_share": 1.0,
         },
     )
     config["applications"] = [main, guarded, burst]
@@ -427,7 +430,7 @@ def test_body_over_the_limit_gets_413_declared_or_streamed(http):
 
 
 def test_without_auth_configured_no_key_is_needed(http):
-    assert http.get("/health").json()["auth"] is False
+    assert http.get("/v1/status").json()["auth"] is False
     response = http.post("/v2/rerank", json={"query": "q", "documents": ["a"]})
     assert response.status_code == 200
 
@@ -520,7 +523,7 @@ def test_a_burst_gets_answers_or_fast_503s_never_a_timeout(served, scorer):
         for i in range(2):  # warm up and measure the replica's throughput
             warm = {"query": f"warm {i}", "texts": burst_documents(1000 + i)}
             assert client.post("/rerank", json=warm).status_code == 200
-        before = client.get("/health").json()["admission"]
+        before = client.get("/v1/status").json()["admission"]
     assert before["measured"] and before["queued_tokens"] == 0, before
 
     bodies = [
@@ -578,7 +581,7 @@ def test_a_burst_gets_answers_or_fast_503s_never_a_timeout(served, scorer):
         assert int(response.headers["x-acare-tokens"]) == tokens_scored(
             scorer, context, body["texts"]
         )
-    after = httpx.get(base + "/health").json()["admission"]
+    after = httpx.get(base + "/v1/status").json()["admission"]
     assert after["queued_tokens"] == 0 and after["queued_requests"] == 0, after
     assert after["refused"] - before["refused"] == len(refused)
     assert after["admitted"] - before["admitted"] == len(answered)
@@ -587,7 +590,7 @@ def test_a_burst_gets_answers_or_fast_503s_never_a_timeout(served, scorer):
 def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, scorer):
     config = copy.deepcopy(served["config"])
     deployment = config["applications"][0]["deployments"][0]
-    before = http.get("/health").json()
+    before = http.get("/v1/status").json()
     original = deployment["user_config"]
     deployment["user_config"] = {
         "max_batch_size": 8,
@@ -596,7 +599,7 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
     }
     try:
         deploy(config)
-        health = http.get("/health").json()
+        health = http.get("/v1/status").json()
         assert health["batching"] == deployment["user_config"]
         assert health["replica"] == before["replica"], "user_config must not restart the replica"
 
@@ -615,7 +618,7 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
             got = {r["index"]: r["score"] for r in response.json()}
             want = expected(scorer, AgentContext(query), DOCUMENTS)
             np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-4)
-        assert http.get("/health").json()["batches"]["largest"] == max(sizes)
+        assert http.get("/v1/status").json()["batches"]["largest"] == max(sizes)
     finally:
         deployment["user_config"] = original
         deploy(config)
