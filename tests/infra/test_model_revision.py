@@ -39,7 +39,7 @@ out = {}
 for label, name, revision in json.loads(sys.argv[1]):
     try:
         scorer = Scorer.from_pretrained(name, device="cpu", revision=revision)
-        context = AgentContext(query="golden bear 1998")
+        context = AgentContext(sub_query="golden bear 1998")
         out[label] = scorer.score(context, ["Central Station won the Golden Bear."]).tolist()
     except Exception as err:
         out[label] = f"{type(err).__name__}: {err}"
@@ -204,10 +204,20 @@ def test_a_run_relaunched_at_another_revision_does_not_resume():
 
 
 def test_serve_app_revision_reaches_from_pretrained(recorded):
+    import inspect
+
     from acare_ray.online.deployment import Reranker
 
+    # serve.ingress wraps the class (async __init__); call the replica's own constructor.
+    wrapped = Reranker.func_or_class
+    (own,) = [
+        k
+        for k in wrapped.__mro__
+        if "__init__" in vars(k) and k.__module__ == "acare_ray.online.deployment"
+        and not inspect.iscoroutinefunction(k.__init__)
+    ]
     with pytest.raises(Loaded):
-        Reranker.func_or_class({"model": REPO_ID, "revision": COMMIT_A, "device": "cpu"})
+        own.__init__(object.__new__(wrapped), {"model": REPO_ID, "revision": COMMIT_A})
     assert recorded[-1]["model"] == REPO_ID and recorded[-1]["revision"] == COMMIT_A
 
 
