@@ -90,7 +90,10 @@ def pod_labels(cluster: dict[str, Any]) -> Iterator[tuple[str, dict[str, str]]]:
     yield "head", {**head, "ray.io/node-type": "head", "ray.io/is-ray-node": "yes"}
     for group in cluster.get("workerGroupSpecs", []):
         labels = group["template"].get("metadata", {}).get("labels", {})
-        yield group["groupName"], {**labels, "ray.io/node-type": "worker", "ray.io/is-ray-node": "yes"}
+        yield (
+            group["groupName"],
+            {**labels, "ray.io/node-type": "worker", "ray.io/is-ray-node": "yes"},
+        )
 
 
 def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -111,7 +114,8 @@ def peer_matches(peer: dict[str, Any], source: dict[str, Any]) -> bool:
 def allowed(target: dict[str, str], source: dict[str, Any], port: int) -> bool:
     """Kubernetes' NetworkPolicy ingress rule for a TCP connection to ``target`` (a Ray pod)."""
     selecting = [
-        p for p in POLICIES
+        p
+        for p in POLICIES
         if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
         and matches(p["spec"]["podSelector"], target)
     ]

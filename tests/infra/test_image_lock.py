@@ -9,7 +9,6 @@ installs it with ``--require-hashes`` (tests/infra/test_dockerfile.py).
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,11 @@ from infra_support import REPO, dockerfile_args
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 LOCK = REPO / "requirements" / "image.lock"
 INPUT = REPO / "requirements" / "image.in"
@@ -128,9 +132,7 @@ def test_the_documented_lock_command_reproduces_the_committed_lock(tmp_path):
     command = GENERATE.search(LOCK.read_text(encoding="utf-8")).group(0).lstrip("# ").strip()
     argv = shlex.split(command)
     argv[argv.index("-o") + 1] = str(out)
-    result = subprocess.run(
-        [uv, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=600
-    )
+    result = subprocess.run([uv, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=600)
     if result.returncode != 0 and re.search(r"(?i)network|connect|dns|offline", result.stderr):
         pytest.skip(f"PyPI unreachable: {result.stderr.strip()[-300:]}")
     assert result.returncode == 0, result.stderr[-2000:]

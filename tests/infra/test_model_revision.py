@@ -168,8 +168,9 @@ def test_train_revision_flag_reaches_from_pretrained(recorded, monkeypatch):
     from acare_ray.training import trainer
     from acare_ray.training.cli import config_from_args
 
-    args = build_parser().parse_args(["train", "--data", "g", "--model", REPO_ID,
-                                      "--revision", COMMIT_A])
+    args = build_parser().parse_args(
+        ["train", "--data", "g", "--model", REPO_ID, "--revision", COMMIT_A]
+    )
     config = config_from_args(args)
     assert config.revision == COMMIT_A
 
@@ -213,11 +214,12 @@ def test_serve_app_revision_reaches_from_pretrained(recorded):
     (own,) = [
         k
         for k in wrapped.__mro__
-        if "__init__" in vars(k) and k.__module__ == "acare_ray.online.deployment"
+        if "__init__" in vars(k)
+        and k.__module__ == "acare_ray.online.deployment"
         and not inspect.iscoroutinefunction(k.__init__)
     ]
     with pytest.raises(Loaded):
-        own.__init__(object.__new__(wrapped), {"model": REPO_ID, "revision": COMMIT_A})
+        own.__init__(object.__new__(own), {"model": REPO_ID, "revision": COMMIT_A})
     assert recorded[-1]["model"] == REPO_ID and recorded[-1]["revision"] == COMMIT_A
 
 
