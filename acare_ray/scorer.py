@@ -143,10 +143,10 @@ def read_acare_config(path: str) -> dict[str, Any]:
     return json.loads(file.read_text()) if file.is_file() else {}
 
 
-def detect_backend(path: str) -> str:
+def detect_backend(path: str, revision: str | None = None) -> str:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path, revision=revision)
     architectures = " ".join(config.architectures or [])
     return "causal_lm" if "CausalLM" in architectures else "cross_encoder"
 
@@ -166,6 +166,7 @@ class Scorer:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         backend: str = "auto",
+        revision: str | None = None,
         **options: Any,
     ) -> Scorer:
         """Load a Hugging Face id or local path (no ``trust_remote_code``).
@@ -178,11 +179,14 @@ class Scorer:
         (causal backend: ``"auto"``, ``"fast"`` or ``"fallback"``; ``scorer.backend.path`` and
         ``scorer.backend.path_reasons`` say which runs and why).
         CPU runs float32, CUDA bfloat16 unless ``dtype`` says otherwise.
+        ``revision``: the Hub commit (or tag/branch) the config, tokenizer and weights are all
+        loaded at; pin a commit hash so a re-pushed model cannot change what runs. None: the
+        default branch. A local folder has no revisions (transformers ignores it there).
         """
         path = resolve_model_path(name_or_path)
         saved = read_acare_config(path)
         if backend == "auto":
-            backend = saved.get("backend") or detect_backend(path)
+            backend = saved.get("backend") or detect_backend(path, revision)
         device = default_device(device)
         dtype = default_dtype(device, dtype)
         config = _config_from(saved, backend, options)
@@ -194,11 +198,11 @@ class Scorer:
         )
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
         if backend == "causal_lm":
-            impl = _load_causal(path, tokenizer, config, plan, device, dtype, saved)
+            impl = _load_causal(path, tokenizer, config, plan, device, dtype, saved, revision)
         elif backend == "cross_encoder":
-            impl = _load_cross_encoder(path, tokenizer, config, plan, device, dtype)
+            impl = _load_cross_encoder(path, tokenizer, config, plan, device, dtype, revision)
         else:
             raise ValueError(f"backend must be causal_lm, cross_encoder or auto, got {backend!r}")
         return cls(impl, config, source=name_or_path)
@@ -369,7 +373,7 @@ def _config_from(saved: dict[str, Any], backend: str, options: dict[str, Any]) -
     return replace(config, **{k: options[k] for k in sizes if options.get(k) is not None})
 
 
-def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
+def _load_causal(path, tokenizer, config, plan, device, dtype, saved, revision=None):
     from transformers import AutoModelForCausalLM
 
     from acare_ray.causal_fallback import build_causal_module
@@ -381,7 +385,9 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
             raise ValueError(
                 f"{ACARE_CONFIG_FILE} says {key}={saved[key]}, the tokenizer gives {found}"
             )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", revision=revision
+    )
     module, reasons = build_causal_module(
         model, encoder.yes_id, encoder.no_id, device, config.causal_path
     )
@@ -398,7 +404,7 @@ def _load_causal(path, tokenizer, config, plan, device, dtype, saved):
     )
 
 
-def _load_cross_encoder(path, tokenizer, config, plan, device, dtype):
+def _load_cross_encoder(path, tokenizer, config, plan, device, dtype, revision=None):
     from transformers import AutoModelForSequenceClassification
 
     from acare_ray.cross_encoder import CrossEncoderBackend
@@ -407,7 +413,9 @@ def _load_cross_encoder(path, tokenizer, config, plan, device, dtype):
     # job actor starts from the same weights and scores identically.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=dtype, revision=revision
+        )
     prompt = replace(
         config.prompt,
         max_length=min(config.prompt.max_length, model.config.max_position_embeddings),

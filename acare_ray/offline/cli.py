@@ -21,6 +21,9 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
     if output:
         parser.add_argument("--output", required=True, help="output folder (resumed if it exists)")
     parser.add_argument("--model", required=True, help="Hugging Face id, local path or alias")
+    parser.add_argument(
+        "--revision", default=None, help="Hub commit (or tag) of --model; default: main"
+    )
     pool = parser.add_argument_group("Ray")
     pool.add_argument("--actors", default="1,2", help="actor pool size N or MIN,MAX")
     pool.add_argument("--gpus-per-actor", type=float, default=0.0)
@@ -75,7 +78,7 @@ def rerank_command(args: argparse.Namespace) -> int:
         mode=args.mode,
         top_k=args.top_k,
         pool=_pool(args),
-        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
+        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens, revision=args.revision),
         ray_address=args.ray_address,
     )
     print(run(config).describe())
@@ -99,6 +102,7 @@ def relabel_command(args: argparse.Namespace) -> int:
         scorer=ScorerSettings(
             max_batch_tokens=args.max_batch_tokens,
             instruction=args.instruction or LABELER_INSTRUCTION,
+            revision=args.revision,
         ),
         ray_address=args.ray_address,
     )
@@ -122,7 +126,7 @@ def eval_command(args: argparse.Namespace) -> int:
         n_resamples=args.resamples,
         seed=args.seed,
         pool=_pool(args),
-        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
+        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens, revision=args.revision),
         ray_address=args.ray_address,
         sessions=args.sessions,
         session_depth=args.session_depth,

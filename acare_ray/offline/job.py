@@ -91,6 +91,7 @@ class ScorerSettings:
     max_batch_tokens: int | None = None
     max_length: int | None = None
     instruction: str | None = None
+    revision: str | None = None
 
     def options(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

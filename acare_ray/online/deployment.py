@@ -70,6 +70,9 @@ class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field(DEFAULT_MODEL, description="Hugging Face id or checkpoint directory.")
+    revision: str | None = Field(
+        None, description="Hub commit (or tag) of the model; None: the default branch."
+    )
     served_model_name: str | None = Field(None, description="Name reported by the API.")
     device: str | None = Field(None, description="cuda / cpu; default: cuda when available.")
     dtype: str | None = Field(None, description="Default: bfloat16 on CUDA, float32 on CPU.")
@@ -229,6 +232,7 @@ class Reranker:
             device=config.device,
             dtype=config.dtype,
             backend=config.backend,
+            revision=config.revision,
             **{k: v for k, v in options.items() if v is not None},
         )
         self.api_keys = config.api_keys()  # before loading: no key, no replica

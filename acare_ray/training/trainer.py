@@ -116,6 +116,7 @@ class WorkerRun:
                 device=self.device,
                 dtype=torch.float32,
                 backend=config.backend,
+                revision=config.revision,
                 **options,
             )
 

@@ -23,7 +23,7 @@ EXPECTED = {
     "rayjob-eval.yaml": "RayJob",
     "rayjob-train.yaml": "RayJob",
 }
-OTHER_KINDS = {"PersistentVolumeClaim"}
+OTHER_KINDS = {"PersistentVolumeClaim", "NetworkPolicy"}
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 RAY_MANIFESTS = ray_manifests()
 
