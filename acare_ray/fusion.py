@@ -253,7 +253,9 @@ def fit(
     return configs[best], table
 
 
-def grid(methods: Sequence[str] = ("rrf", "linear"), k: float = DEFAULT_RRF_K) -> list[FusionConfig]:
+def grid(
+    methods: Sequence[str] = ("rrf", "linear"), k: float = DEFAULT_RRF_K
+) -> list[FusionConfig]:
     """The default fitting grid: ``weight`` (rrf, at ``k``) or ``alpha`` (linear) over
     :data:`GRID`."""
     out = []
@@ -265,3 +267,13 @@ def grid(methods: Sequence[str] = ("rrf", "linear"), k: float = DEFAULT_RRF_K) -
         else:
             raise ValueError(f"fusion method to fit must be rrf or linear, got {method!r}")
     return out
+
+
+def resolve(setting: str | FusionConfig | None, fitted: FusionConfig | None) -> FusionConfig:
+    """The fusion a surface uses: ``setting`` when given (text form or config), else (None or
+    ``"auto"``) the checkpoint's ``fitted`` setting, else ``none``."""
+    if isinstance(setting, FusionConfig):
+        return setting
+    if setting is None or setting.strip() == "auto":
+        return fitted or FusionConfig()
+    return FusionConfig.parse(setting)

@@ -77,6 +77,7 @@ def rerank_command(args: argparse.Namespace) -> int:
         pool=_pool(args),
         scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
         ray_address=args.ray_address,
+        fusion=args.fusion,
     )
     print(run(config).describe())
     return 0
@@ -139,6 +140,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_common(rerank)
     rerank.add_argument("--mode", default="auto", choices=["M0", "M1", "M2", "M3", "auto"])
     rerank.add_argument("--top-k", type=int, default=None, help="keep the best k per search")
+    rerank.add_argument(
+        "--fusion",
+        default="auto",
+        help="auto (the checkpoint's fitted setting, else none), none, rrf[:k=60,weight=0.5] "
+        "or linear[:alpha=0.5]",
+    )
     rerank.set_defaults(func=rerank_command)
 
     relabel = subparsers.add_parser("relabel", help="label searches into training groups")
