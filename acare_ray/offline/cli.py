@@ -128,6 +128,8 @@ def eval_command(args: argparse.Namespace) -> int:
         sessions=args.sessions,
         session_depth=args.session_depth,
         group_by=args.group_by,
+        fusion=tuple(args.fusion or ("auto",)),
+        first_stage=args.first_stage,
     )
     report = run(config)
     print(format_table(report))
@@ -183,4 +185,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     evaluate.add_argument("--session-depth", type=int, default=10, help="documents per search")
     evaluate.add_argument("--group-by", default=None, help="also report per value of a column")
+    evaluate.add_argument(
+        "--fusion",
+        action="append",
+        default=None,
+        help="add the fused systems <mode>+<fusion> (repeatable): auto (the checkpoint's fitted "
+        "setting; the default), none, rrf[:k=60,weight=0.5] or linear[:alpha=0.5]",
+    )
+    evaluate.add_argument(
+        "--no-first-stage",
+        dest="first_stage",
+        action="store_false",
+        help="leave out the first_stage and agent_order systems",
+    )
     evaluate.set_defaults(func=eval_command)
