@@ -137,6 +137,33 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
+@_reported
+def fit_fusion_command(args: argparse.Namespace) -> int:
+    from acare_ray.offline.fit_fusion import FitFusionConfig, run
+
+    config = FitFusionConfig(
+        input=args.input,
+        model=args.model,
+        work_dir=args.work_dir,
+        mode=args.mode,
+        methods=_csv(args.methods),
+        k=args.k,
+        measure=args.measure,
+        write=args.write,
+        pool=_pool(args),
+        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
+        ray_address=args.ray_address,
+    )
+    result = run(config)
+    best = next(r for r in result["grid"] if r["fusion"] == result["label"])
+    print(f"fitted fusion: {result['label']} ({config.measure} {best[config.measure]:.4f})")
+    for row in result["grid"]:
+        print(f"  {row['fusion']:<24} {row[config.measure]:.4f}")
+    if "stored_in" in result:
+        print(f"stored in {result['stored_in']}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     rerank = subparsers.add_parser("rerank", help="rerank searches in Parquet on Ray Data")
     _add_common(rerank)
@@ -199,3 +226,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="leave out the first_stage and agent_order systems",
     )
     evaluate.set_defaults(func=eval_command)
+
+    fitting = subparsers.add_parser(
+        "fit-fusion", help="fit a checkpoint's fusion weight on a training split and store it"
+    )
+    _add_common(fitting, output=False)
+    fitting.add_argument("--work-dir", required=True, help="scoring output and fit.json")
+    fitting.add_argument("--mode", default="M3", choices=["M0", "M1", "M2", "M3"])
+    fitting.add_argument("--methods", default="rrf,linear", help="rrf and/or linear")
+    fitting.add_argument("--k", type=float, default=60.0, help="rrf k")
+    fitting.add_argument("--measure", default="nDCG@10", help="the objective")
+    fitting.add_argument(
+        "--no-write",
+        dest="write",
+        action="store_false",
+        help="fit and report only; leave the checkpoint's acare.json as it is",
+    )
+    fitting.set_defaults(func=fit_fusion_command)

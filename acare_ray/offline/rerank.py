@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from acare_ray.context import Mode, parse_mode
-from acare_ray.fusion import resolve
+from acare_ray.fusion import FusionConfig, resolve
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.training.checkpoint import read_fusion
@@ -45,13 +45,17 @@ class RerankConfig:
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
 
+    def resolved_fusion(self) -> FusionConfig:
+        """The fusion this job applies: ``fusion``, with ``auto`` resolved for the model."""
+        return resolve(self.fusion, read_fusion(self.model))
+
 
 def run(config: RerankConfig) -> JobCounts:
     """Run the rerank job; returns its counts."""
     mode = parse_mode(config.mode)
     mode = mode.value if isinstance(mode, Mode) else mode
     options = config.scorer.options()
-    fusion = resolve(config.fusion, read_fusion(config.model))
+    fusion = config.resolved_fusion()
     # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
     fused = {"fusion": fusion.label} if fusion.enabled else {}
     with ray_session(config.ray_address):
