@@ -1,6 +1,7 @@
 """Arrow schemas of the three tables and row validation for the offline jobs.
 
-The tables are described in docs/architecture.md, section 4.
+The tables are described in docs/architecture.md, section 4. The first-stage order of a
+search's candidates and the tie rule of every ranking are :mod:`acare_ray.fusion`'s.
 
 Rows reach the validators from Ray Data batches, so a row is any mapping whose values may be
 Python objects (``pyarrow.Table.to_pylist``), numpy arrays / numpy scalars, or pandas' ``NaN``
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from acare_ray.context import AgentContext, Mode
+from acare_ray.fusion import FusionConfig, fuse
 
 CANDIDATE = pa.struct(
     [
@@ -27,10 +29,23 @@ CANDIDATE = pa.struct(
         ("text", pa.string()),
         ("first_stage_score", pa.float64()),
         ("relevance", pa.int32()),
+        ("first_stage_rank", pa.int32()),
     ]
 )
+"""A candidate. ``first_stage_score`` / ``first_stage_rank`` (1-based) are optional; the
+first-stage order is rank, then score, then list position (:func:`acare_ray.fusion.first_stage_ranks`),
+so a list already in first-stage order needs neither."""
 DOCUMENT = pa.struct([("doc_id", pa.string()), ("text", pa.string())])
-RANKED = pa.struct([("doc_id", pa.string()), ("score", pa.float32()), ("rank", pa.int32())])
+RANKED = pa.struct(
+    [
+        ("doc_id", pa.string()),
+        ("score", pa.float32()),
+        ("rank", pa.int32()),
+        ("fused", pa.float64()),
+    ]
+)
+"""A ranked candidate: ``score`` is the raw log-odds (always), ``rank`` 1-based, ``fused`` the
+fused value when the row's ``fusion`` is set (null otherwise); the rank follows ``fused`` then."""
 
 SEARCHES = pa.schema(
     [
@@ -54,9 +69,11 @@ RERANK_OUTPUT = pa.schema(
         ("mode", pa.string()),
         ("ranking", pa.list_(RANKED)),
         ("error", pa.string()),
+        ("fusion", pa.string()),
     ]
 )
-"""One row per input row, always; a bad row has an ``error`` and an empty ``ranking``."""
+"""One row per input row, always; a bad row has an ``error`` and an empty ``ranking``.
+``fusion``: the fusion setting's label (``rrf:k=60,weight=0.5``), null when none."""
 
 TRAINING_GROUPS = pa.schema(
     [
@@ -79,12 +96,15 @@ class RowError(ValueError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A document of a search. ``relevance`` None means unjudged."""
+    """A document of a search. ``relevance`` None means unjudged. ``agent_rank``: the
+    position the agent's own search tool gave it (imported traces), None when absent."""
 
     doc_id: str
     text: str
     first_stage_score: float | None = None
     relevance: int | None = None
+    first_stage_rank: int | None = None
+    agent_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,22 +181,35 @@ class _Row:
             raise self.error(field, f"must be a struct, got {type(value).__name__}")
         doc_id = self.text(value.get("doc_id"), f"{field}.doc_id", required=True)
         text = self.text(value.get("text"), f"{field}.text", required=True)
-        return Candidate(doc_id, text, *self._labels(value, field))
+        score, rel = self._labels(value, field)
+        first_rank = self._integer(value, field, "first_stage_rank", positive=True)
+        agent_rank = self._integer(value, field, "agent_rank", positive=True)
+        return Candidate(doc_id, text, score, rel, first_rank, agent_rank)
+
+    def _integer(
+        self, value: Mapping[str, Any], field: str, name: str, positive: bool = False
+    ) -> int | None:
+        item = value.get(name)
+        if _missing(item):
+            return None
+        integral = isinstance(item, int | np.integer) or (
+            isinstance(item, float | np.floating) and float(item).is_integer()
+        )
+        if isinstance(item, bool) or not integral:
+            raise self.error(f"{field}.{name}", f"must be an integer, got {item!r}")
+        if positive and int(item) < 1:
+            raise self.error(f"{field}.{name}", f"must be >= 1, got {int(item)}")
+        return int(item)
 
     def _labels(self, value: Mapping[str, Any], field: str) -> tuple[float | None, int | None]:
-        score, rel = value.get("first_stage_score"), value.get("relevance")
+        score = value.get("first_stage_score")
         if not _missing(score):
             if isinstance(score, bool) or not isinstance(score, int | float | np.number):
                 raise self.error(f"{field}.first_stage_score", f"must be a number, got {score!r}")
             score = float(score)
-        if not _missing(rel):
-            integral = isinstance(rel, int | np.integer) or (
-                isinstance(rel, float | np.floating) and float(rel).is_integer()
-            )
-            if isinstance(rel, bool) or not integral:
-                raise self.error(f"{field}.relevance", f"must be an integer, got {rel!r}")
-            rel = int(rel)
-        return (None if _missing(score) else score), (None if _missing(rel) else rel)
+            if not math.isfinite(score):
+                raise self.error(f"{field}.first_stage_score", f"must be finite, got {score}")
+        return (None if _missing(score) else score), self._integer(value, field, "relevance")
 
     def context(self) -> AgentContext:
         sub_query = self.field("sub_query", required=True)
@@ -232,10 +265,17 @@ def rerank_row(
     doc_ids: Sequence[str],
     scores: Sequence[float],
     top_k: int | None = None,
+    fusion: FusionConfig | None = None,
+    first_stage_scores: Sequence[float | None] | None = None,
+    first_stage_ranks: Sequence[int | None] | None = None,
 ) -> dict[str, Any]:
-    """A ``RERANK_OUTPUT`` row: ranking by score descending (ties keep input order), rank from 1.
+    """A ``RERANK_OUTPUT`` row: ranking by score descending, rank from 1; with an enabled
+    ``fusion``, by the fused value (each entry's ``fused``) with ``score`` still the raw score.
+    Ties follow the first-stage order (:func:`acare_ray.fusion.order`; without first-stage
+    scores or ranks that is the input order).
 
-    ``top_k`` keeps the best ``top_k`` entries; None keeps all. Scores are stored as float32.
+    ``top_k`` keeps the best ``top_k`` entries; None keeps all. Scores are stored as float32,
+    and ordered as stored.
     """
     if len(doc_ids) != len(scores):
         raise ValueError(f"search_id={search_id}: {len(doc_ids)} doc_ids but {len(scores)} scores")
@@ -245,17 +285,40 @@ def rerank_row(
     bad = np.flatnonzero(np.isnan(values))
     if bad.size:
         raise RowError(f"search_id={search_id}: score of candidates[{bad[0]}] is NaN")
-    order = np.argsort(-values, kind="stable")[:top_k]
+    fusion = fusion or FusionConfig()
+    try:
+        fused = fuse(values, fusion, first_stage_scores, first_stage_ranks)
+    except ValueError as err:
+        raise RowError(f"search_id={search_id}: {err}") from None
     ranking = [
-        {"doc_id": str(doc_ids[i]), "score": float(values[i]), "rank": rank}
-        for rank, i in enumerate(order, start=1)
+        {
+            "doc_id": str(doc_ids[i]),
+            "score": float(values[i]),
+            "rank": rank,
+            "fused": float(fused.values[i]) if fusion.enabled else None,
+        }
+        for rank, i in enumerate(fused.order[:top_k], start=1)
     ]
-    return {"search_id": search_id, "mode": _mode_name(mode), "ranking": ranking, "error": None}
+    return {
+        "search_id": search_id,
+        "mode": _mode_name(mode),
+        "ranking": ranking,
+        "error": None,
+        "fusion": fusion.label if fusion.enabled else None,
+    }
 
 
-def error_row(search_id: str | None, mode: Mode | str, message: str) -> dict[str, Any]:
+def error_row(
+    search_id: str | None, mode: Mode | str, message: str, fusion: FusionConfig | None = None
+) -> dict[str, Any]:
     """A ``RERANK_OUTPUT`` row for a search that could not be scored."""
-    return {"search_id": search_id, "mode": _mode_name(mode), "ranking": [], "error": str(message)}
+    return {
+        "search_id": search_id,
+        "mode": _mode_name(mode),
+        "ranking": [],
+        "error": str(message),
+        "fusion": fusion.label if fusion is not None and fusion.enabled else None,
+    }
 
 
 def _mode_name(mode: Mode | str) -> str:

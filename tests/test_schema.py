@@ -54,11 +54,14 @@ def test_schemas_have_the_design_columns_and_types():
         "text",
         "first_stage_score",
         "relevance",
+        "first_stage_rank",
     ]
     assert cand.field("relevance").type == pa.int32()
     assert SEARCHES.field("judge_ok").type == pa.bool_()
     ranked = RERANK_OUTPUT.field("ranking").type.value_type
     assert ranked.field("score").type == pa.float32() and ranked.field("rank").type == pa.int32()
+    assert ranked.field("fused").type == pa.float64()
+    assert RERANK_OUTPUT.field("fusion").type == pa.string()
     assert TRAINING_GROUPS.names == [
         "group_id",
         "session_id",
@@ -219,3 +222,41 @@ def test_error_row_fits_the_output_schema_with_an_empty_ranking():
     table = pa.Table.from_pylist(rows, schema=RERANK_OUTPUT)
     assert table.column("ranking").to_pylist() == [[], []]
     assert table.column("mode").to_pylist() == ["M3", "auto"]
+
+
+def test_parse_search_keeps_agent_rank_and_first_stage_rank():
+    """Pins issue 20: parse_search dropped the trace candidates' agent_rank."""
+    candidates = _row()["candidates"]
+    candidates[0] |= {"agent_rank": 2, "first_stage_rank": 3}
+    candidates[1] |= {"agent_rank": 1.0, "first_stage_rank": None}
+    search = parse_search(_row(candidates=candidates))
+    assert [c.agent_rank for c in search.candidates] == [2, 1, None, None]
+    assert [c.first_stage_rank for c in search.candidates] == [3, None, None, None]
+    candidates[2] |= {"first_stage_rank": 0}
+    with pytest.raises(RowError, match=r"candidates\[2\]\.first_stage_rank must be >= 1"):
+        parse_search(_row(candidates=candidates))
+    candidates[2] |= {"first_stage_rank": None, "first_stage_score": float("inf")}
+    with pytest.raises(RowError, match=r"candidates\[2\]\.first_stage_score must be finite"):
+        parse_search(_row(candidates=candidates))
+
+
+def test_rerank_row_breaks_score_ties_by_the_first_stage_order():
+    row = rerank_row("s1", "M0", ["a", "b", "c"], [1.0, 1.0, 1.0], first_stage_scores=[1, 3, 2])
+    assert [r["doc_id"] for r in row["ranking"]] == ["b", "c", "a"]
+    assert row["fusion"] is None and all(r["fused"] is None for r in row["ranking"])
+
+
+def test_fused_rerank_row_orders_by_fused_and_keeps_the_raw_score():
+    from acare_ray.fusion import FusionConfig, fuse
+
+    scores, first = [2.0, 0.5, 1.0, 0.5], [1.0, 3.0, None, 2.0]
+    config = FusionConfig("rrf", k=60, weight=0.5)
+    row = rerank_row("s1", "M3", ["a", "b", "c", "d"], scores, 3, config, first)
+    expected = fuse(scores, config, first)
+    assert [r["doc_id"] for r in row["ranking"]] == ["b", "a", "d"]
+    assert [r["score"] for r in row["ranking"]] == [0.5, 2.0, 0.5]
+    assert [r["fused"] for r in row["ranking"]] == [expected.values[i] for i in (1, 0, 3)]
+    assert row["fusion"] == "rrf:k=60,weight=0.5"
+    assert pa.Table.from_pylist([row], schema=RERANK_OUTPUT).to_pylist()[0] == row
+    with pytest.raises(RowError, match=r"search_id=s1: first_stage_scores\[0\] must be finite"):
+        rerank_row("s1", "M3", ["a", "b"], [1.0, 2.0], None, config, [float("inf"), 1.0])

@@ -31,6 +31,11 @@ paragraphs (``origin`` ``bm25``, or ``agent+bm25`` when both); ``first_stage_sco
 score (null for an agent passage outside the BM25 top-``k``). A document is ``title + "\\n" +
 text``; ``doc_id`` is a hash of that text.
 
+Two first stages are recorded: BM25 is the first stage of the fusion and the ``first_stage``
+system of ``acare eval`` (its order is ``first_stage_score`` descending, agent passages outside
+the BM25 top-``k`` last, :func:`acare_ray.fusion.first_stage_ranks`); the agent's own order is
+``agent_rank`` (kept by :func:`acare_ray.schema.parse_search`), the ``agent_order`` system.
+
 Labels are **task-level, page-level**: a candidate is relevant (1) when its normalised page
 title (:func:`page_key`) is one of the question's gold supporting titles, whatever sub-query the
 search sent. Which of the gold pages a search was after is not known, so a search is judged by

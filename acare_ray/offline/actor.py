@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from acare_ray.fusion import FusionConfig
 from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows
 from acare_ray.schema import RERANK_OUTPUT
 from acare_ray.scorer import Scorer
@@ -59,13 +60,15 @@ class ScorerActor:
         top_k: int | None = None,
         scorer_options: dict[str, Any] | None = None,
         cpus: float = 1.0,
+        fusion: dict[str, Any] | None = None,
     ) -> None:
         self.scorer = load_scorer(model, cpus, scorer_options or {})
         self.modes = tuple(modes)
         self.top_k = top_k
+        self.fusion = FusionConfig.from_dict(fusion) if fusion else None
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = rerank_rows(self.scorer, batch.to_pylist(), self.modes, self.top_k)
+        rows = rerank_rows(self.scorer, batch.to_pylist(), self.modes, self.top_k, self.fusion)
         return pa.Table.from_pylist(rows, schema=RERANK_OUTPUT)
 
 

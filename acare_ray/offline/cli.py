@@ -80,6 +80,7 @@ def rerank_command(args: argparse.Namespace) -> int:
         pool=_pool(args),
         scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens, revision=args.revision),
         ray_address=args.ray_address,
+        fusion=args.fusion,
     )
     print(run(config).describe())
     return 0
@@ -131,10 +132,39 @@ def eval_command(args: argparse.Namespace) -> int:
         sessions=args.sessions,
         session_depth=args.session_depth,
         group_by=args.group_by,
+        fusion=tuple(args.fusion or ("auto",)),
+        first_stage=args.first_stage,
     )
     report = run(config)
     print(format_table(report))
     print(f"report: {report['files']['markdown']} ({report['wall_s']:.1f} s)")
+    return 0
+
+
+@_reported
+def fit_fusion_command(args: argparse.Namespace) -> int:
+    from acare_ray.offline.fit_fusion import FitFusionConfig, run
+
+    config = FitFusionConfig(
+        input=args.input,
+        model=args.model,
+        work_dir=args.work_dir,
+        mode=args.mode,
+        methods=_csv(args.methods),
+        k=args.k,
+        measure=args.measure,
+        write=args.write,
+        pool=_pool(args),
+        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
+        ray_address=args.ray_address,
+    )
+    result = run(config)
+    best = next(r for r in result["grid"] if r["fusion"] == result["label"])
+    print(f"fitted fusion: {result['label']} ({config.measure} {best[config.measure]:.4f})")
+    for row in result["grid"]:
+        print(f"  {row['fusion']:<24} {row[config.measure]:.4f}")
+    if "stored_in" in result:
+        print(f"stored in {result['stored_in']}")
     return 0
 
 
@@ -143,6 +173,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_common(rerank)
     rerank.add_argument("--mode", default="auto", choices=["M0", "M1", "M2", "M3", "auto"])
     rerank.add_argument("--top-k", type=int, default=None, help="keep the best k per search")
+    rerank.add_argument(
+        "--fusion",
+        default="auto",
+        help="auto (the checkpoint's fitted setting, else none), none, rrf[:k=60,weight=0.5] "
+        "or linear[:alpha=0.5]",
+    )
     rerank.set_defaults(func=rerank_command)
 
     relabel = subparsers.add_parser("relabel", help="label searches into training groups")
@@ -180,4 +216,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     evaluate.add_argument("--session-depth", type=int, default=10, help="documents per search")
     evaluate.add_argument("--group-by", default=None, help="also report per value of a column")
+    evaluate.add_argument(
+        "--fusion",
+        action="append",
+        default=None,
+        help="add the fused systems <mode>+<fusion> (repeatable): auto (the checkpoint's fitted "
+        "setting; the default), none, rrf[:k=60,weight=0.5] or linear[:alpha=0.5]",
+    )
+    evaluate.add_argument(
+        "--no-first-stage",
+        dest="first_stage",
+        action="store_false",
+        help="leave out the first_stage and agent_order systems",
+    )
     evaluate.set_defaults(func=eval_command)
+
+    fitting = subparsers.add_parser(
+        "fit-fusion", help="fit a checkpoint's fusion weight on a training split and store it"
+    )
+    _add_common(fitting, output=False)
+    fitting.add_argument("--work-dir", required=True, help="scoring output and fit.json")
+    fitting.add_argument("--mode", default="M3", choices=["M0", "M1", "M2", "M3"])
+    fitting.add_argument("--methods", default="rrf,linear", help="rrf and/or linear")
+    fitting.add_argument("--k", type=float, default=60.0, help="rrf k")
+    fitting.add_argument("--measure", default="nDCG@10", help="the objective")
+    fitting.add_argument(
+        "--no-write",
+        dest="write",
+        action="store_false",
+        help="fit and report only; leave the checkpoint's acare.json as it is",
+    )
+    fitting.set_defaults(func=fit_fusion_command)

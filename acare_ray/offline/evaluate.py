@@ -12,11 +12,21 @@ without error in every mode (so all modes are compared on the same queries). The
 counted in the report (``queries``), never silently left out. Labels are the candidates'
 ``relevance``; a search whose relevant document the first stage missed has none and is
 reported as ``no_relevant_candidate``.
+
+**Systems.** Beside the modes the report has, on the same searches, measures and tests (session
+replay and session-paired tests included): the fused systems ``<mode>+<fusion>`` (each mode's
+scores of the one rerank pass fused with the first stage, :mod:`acare_ray.fusion`; no
+rescoring), ``first_stage`` (the candidates' first-stage order: ``first_stage_rank``, then
+``first_stage_score``, then list order) and ``agent_order`` where candidates carry
+``agent_rank`` (agent passages in that order, then the rest in first-stage order). Every system
+is ordered by the one tie rule of :func:`acare_ray.fusion.order` and evaluated from its order
+(run files carry ``-rank`` as the score, so trec_eval's doc-id tie-break never acts).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +36,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from acare_ray.context import Mode, parse_mode
+from acare_ray.fusion import FusionConfig, first_stage_ranks, fuse, ranked_run
+from acare_ray.fusion import resolve as resolve_fusion
 from acare_ray.metrics import (
     DEFAULT_MEASURES,
     bootstrap_ci,
@@ -44,6 +56,7 @@ from acare_ray.offline.session_eval import (
     paired_comparisons,
     session_section,
 )
+from acare_ray.training.checkpoint import read_fusion
 
 TESTS = ("randomization", "bootstrap")
 
@@ -60,6 +73,10 @@ class EvalConfig:
     ``sessions``: also replay each session (:mod:`acare_ray.offline.session_eval`, each search
     returning its top ``session_depth`` unseen documents) and test session-paired.
     ``group_by``: an input column (e.g. ``agent``); every figure is also reported per value.
+
+    ``fusion``: the fusion settings whose fused systems are reported for every mode (``auto``:
+    the checkpoint's fitted setting, if it has one; ``none`` adds nothing); ``first_stage``:
+    report the ``first_stage`` and ``agent_order`` systems.
     """
 
     input: str
@@ -78,8 +95,12 @@ class EvalConfig:
     sessions: bool = False
     session_depth: int = 10
     group_by: str | None = None
+    fusion: tuple[str, ...] = ("auto",)
+    first_stage: bool = True
 
     def __post_init__(self) -> None:
+        for setting in self.fusion:
+            resolve_fusion(setting, None)
         if self.session_depth < 1:
             raise ValueError(f"session_depth must be >= 1, got {self.session_depth}")
         modes = tuple(parse_mode(m) for m in self.modes)
@@ -114,11 +135,85 @@ def load_qrels(path: str) -> dict[str, dict[str, int]]:
     return qrels
 
 
+FirstStage = dict[str, tuple[list[str], list, list, list]]
+
+
+def load_first_stage(path: str) -> FirstStage:
+    """``{search_id: (doc_ids, first_stage_scores, first_stage_ranks, agent_ranks)}`` in
+    candidate order (None where a candidate lacks the value), streamed from the input."""
+    fs, inner, _ = resolve(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    fields = {f.name for f in dataset.schema.field("candidates").type.value_type}
+    out: FirstStage = {}
+    for batch in dataset.to_batches(columns=["search_id", "candidates"]):
+        candidates = batch.column("candidates")
+        flat = pc.list_flatten(candidates)
+        parents = pc.list_parent_indices(candidates).to_pylist()
+        n = len(flat)
+        values = [
+            pc.struct_field(flat, name).to_pylist() if name in fields else [None] * n
+            for name in ("doc_id", "first_stage_score", "first_stage_rank", "agent_rank")
+        ]
+        ids = batch.column("search_id").to_pylist()
+        for parent, doc_id, score, rank, agent in zip(parents, *values):
+            qid = ids[parent]
+            if qid is None or doc_id is None:
+                continue
+            entry = out.setdefault(qid, ([], [], [], []))
+            for column, value in zip(entry, (doc_id, score, rank, agent)):
+                column.append(value)
+    return out
+
+
+def first_stage_runs(first: FirstStage) -> dict[str, dict[str, dict[str, float]]]:
+    """The ``first_stage`` run of every search, and the ``agent_order`` run when any
+    candidate has an ``agent_rank``."""
+    runs: dict[str, dict[str, dict[str, float]]] = {"first_stage": {}}
+    has_agent = any(a is not None for _, _, _, agents in first.values() for a in agents)
+    if has_agent:
+        runs["agent_order"] = {}
+    for qid, (doc_ids, scores, ranks, agents) in first.items():
+        try:
+            fs_rank = first_stage_ranks(len(doc_ids), scores, ranks)
+        except ValueError:
+            continue  # an invalid row: the rerank job reports it as an error row
+        runs["first_stage"][qid] = ranked_run(doc_ids, fs_rank.argsort())
+        if has_agent:
+            by_agent = sorted(
+                range(len(doc_ids)), key=lambda i: (agents[i] is None, agents[i] or 0, fs_rank[i])
+            )
+            runs["agent_order"][qid] = ranked_run(doc_ids, by_agent)
+    return runs
+
+
+def ordered_runs(
+    scores: dict[str, dict[str, dict[str, float]]],
+    first: FirstStage,
+    fusions: tuple[FusionConfig, ...] = (),
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each mode's run ordered by the tie rule, and ``<mode>+<fusion>`` for every fusion:
+    ``-rank`` runs (:func:`acare_ray.fusion.ranked_run`) from the one set of raw scores."""
+    runs: dict[str, dict[str, dict[str, float]]] = {}
+    for mode, by_search in scores.items():
+        systems = [(mode, FusionConfig())] + [(f"{mode}+{f.label}", f) for f in fusions]
+        for name, _ in systems:
+            runs[name] = {}
+        for qid, by_doc in by_search.items():
+            doc_ids, fs_scores, fs_ranks, _ = first.get(qid, (list(by_doc), None, None, None))
+            if set(doc_ids) != set(by_doc):  # a ranking cut to top k: its own order only
+                doc_ids, fs_scores, fs_ranks = list(by_doc), None, None
+            values = [by_doc[d] for d in doc_ids]
+            for name, fusion in systems:
+                fused = fuse(values, fusion, fs_scores, fs_ranks)
+                runs[name][qid] = ranked_run(doc_ids, fused.order)
+    return runs
+
+
 def load_runs(
     path: str, modes: tuple[str, ...]
 ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, int]]:
-    """``{mode: {search_id: {doc_id: score}}}`` of the rows scored without error, and the
-    number of error rows per mode."""
+    """``{mode: {search_id: {doc_id: score}}}`` (raw scores) of the rows scored without error,
+    and the number of error rows per mode."""
     fs, inner, _ = resolve(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     runs: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in modes}
@@ -162,11 +257,11 @@ def select_queries(
 def compare_modes(
     per_query: dict[str, dict[str, dict[str, float]]], config: EvalConfig
 ) -> list[dict[str, Any]]:
-    """Paired tests (by search) for every two modes and every measure; Holm across the pairs
+    """Paired tests (by search) for every two systems and every measure; Holm across the pairs
     of a measure (:func:`acare_ray.offline.session_eval.paired_comparisons`)."""
     return paired_comparisons(
         per_query,
-        config.modes,
+        list(per_query),
         config.measures,
         config.test,
         config.n_resamples,
@@ -201,7 +296,7 @@ def _restrict(per_query: dict, qids: list[str]) -> dict:
 def _metrics(per_query: dict, qids: list[str], config: EvalConfig) -> dict[str, dict]:
     """``{mode: {measure: {mean, ci_low, ci_high}}}`` over ``qids``."""
     metrics: dict[str, dict] = {}
-    for mode in config.modes:
+    for mode in per_query:
         metrics[mode] = {}
         for measure in config.measures:
             values = [per_query[mode][measure][q] for q in qids]
@@ -213,6 +308,7 @@ def _metrics(per_query: dict, qids: list[str], config: EvalConfig) -> dict[str, 
 
 
 def _sessions(data, runs, per_query, config: EvalConfig, keep=None) -> dict[str, Any]:
+    """The session section over every system (``runs``' keys)."""
     options = {
         "depth": config.session_depth,
         "test": config.test,
@@ -223,7 +319,7 @@ def _sessions(data, runs, per_query, config: EvalConfig, keep=None) -> dict[str,
     }
     if keep is not None:
         options["keep"] = keep
-    return session_section(data, runs, per_query, config.modes, **options)
+    return session_section(data, runs, per_query, list(runs), **options)
 
 
 def _groups(group_of, qids, sessions, runs, per_query, config: EvalConfig) -> dict[str, Any]:
@@ -248,6 +344,21 @@ def _groups(group_of, qids, sessions, runs, per_query, config: EvalConfig) -> di
     return out
 
 
+def fusions(config: EvalConfig) -> tuple[FusionConfig, ...]:
+    """The enabled fusion settings of ``config`` (``auto`` resolved for its model), once each."""
+    fitted = read_fusion(config.model)
+    out: list[FusionConfig] = []
+    for setting in config.fusion:
+        fusion = resolve_fusion(setting, fitted)
+        if fusion.enabled and fusion not in out:
+            out.append(fusion)
+    return tuple(out)
+
+
+def _file_name(system: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+=-]", "_", system)
+
+
 def run(config: EvalConfig) -> dict[str, Any]:
     """Rerank in every mode, evaluate, write the report files; returns the report (the content
     of ``report.json``)."""
@@ -269,7 +380,13 @@ def run(config: EvalConfig) -> dict[str, Any]:
             rows_per_input=len(config.modes),
         )
     qrels = load_qrels(config.input)
-    runs, errored = load_runs(rerank_dir, config.modes)
+    scores, errored = load_runs(rerank_dir, config.modes)
+    first = load_first_stage(config.input)
+    fused_with = fusions(config)
+    runs = ordered_runs(scores, first, fused_with)
+    if config.first_stage:
+        runs |= first_stage_runs(first)
+    systems = list(runs)
     qids, query_counts = select_queries(qrels, runs)
     if len(qids) < 2:
         raise ValueError(
@@ -280,10 +397,11 @@ def run(config: EvalConfig) -> dict[str, Any]:
     files = {"qrels": str(out / "qrels.trec"), "runs": {}}
     write_trec_qrels(chosen_qrels, files["qrels"])
     per_query = {}
-    for mode in config.modes:
-        files["runs"][mode] = str(out / "runs" / f"{mode}.trec")
-        write_trec_run(runs[mode], files["runs"][mode], tag=f"acare-{mode}")
-        per_query[mode] = evaluate(chosen_qrels, runs[mode], config.measures).per_query
+    for system in systems:
+        files["runs"][system] = str(out / "runs" / f"{_file_name(system)}.trec")
+        chosen_run = {q: runs[system][q] for q in qids}
+        write_trec_run(chosen_run, files["runs"][system], tag=f"acare-{system}")
+        per_query[system] = evaluate(chosen_qrels, chosen_run, config.measures).per_query
     metrics = _metrics(per_query, qids, config)
     sessions = load_sessions(config.input, config.group_by) if config.sessions else None
     group_of = None
@@ -294,13 +412,15 @@ def run(config: EvalConfig) -> dict[str, Any]:
         "input": config.input,
         "input_notes": _input_notes(config.input),
         "modes": list(config.modes),
+        "systems": systems,
+        "fusion": [f.label for f in fused_with],
         "measures": list(config.measures),
         "queries": {**query_counts, "errored_rows": errored},
         "metrics": metrics,
         "significance": {
             "test": config.test,
             "n_resamples": config.n_resamples,
-            "correction": "holm (per measure, across mode pairs)",
+            "correction": "holm (per measure, across system pairs)",
             "alpha": config.alpha,
             "confidence": config.confidence,
             "comparisons": compare_modes(per_query, config),

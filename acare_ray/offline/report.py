@@ -1,13 +1,19 @@
 """Presentation of an evaluation report: the printed table, the markdown file, the PNG chart.
 
 All three read the report dict :func:`acare_ray.offline.evaluate.run` returns; nothing here
-computes a metric.
+computes a metric. Rows are the report's systems (the modes, the fused systems, the first stage);
+``*`` marks a difference from the first mode.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+
+def systems(report: dict[str, Any]) -> list[str]:
+    """The systems of a report, modes first (reports written before fusion have modes only)."""
+    return list(report.get("systems") or report["modes"])
 
 
 def _cell(entry: dict[str, float]) -> str:
@@ -37,16 +43,17 @@ def _queries(counts: dict[str, Any]) -> str:
 def format_table(report: dict[str, Any]) -> str:
     """A fixed-width table: one row per mode, mean [CI] per measure, ``*`` = significantly
     different from the first mode (Holm-adjusted), then the query counts."""
-    measures, modes = report["measures"], report["modes"]
+    measures, modes = report["measures"], systems(report)
     marks = _marks(report)
     width = 26
-    lines = ["mode  " + "".join(f"{m:<{width}}" for m in measures).rstrip()]
+    name = max(6, *(len(mode) + 2 for mode in modes))
+    lines = [f"{'mode':<{name}}" + "".join(f"{m:<{width}}" for m in measures).rstrip()]
     for mode in modes:
         cells = [
             f"{_cell(report['metrics'][mode][m]) + marks.get((mode, m), ''):<{width}}"
             for m in measures
         ]
-        lines.append(f"{mode:<6}" + "".join(cells).rstrip())
+        lines.append(f"{mode:<{name}}" + "".join(cells).rstrip())
     sig = report["significance"]
     queries = report["queries"]
     lines.append(
@@ -91,8 +98,9 @@ def _session_table(section: dict[str, Any], modes: list[str], markdown: bool) ->
         out += [f"| {mode} | " + " | ".join(cells) + " |" for mode, cells in rows]
         return out
     out = []
+    name = max(6, *(len(mode) + 2 for mode in modes))
     for mode, cells in rows:
-        out.append(f"{mode:<6}" + "  ".join(f"{m}={c}" for m, c in zip(measures, cells)))
+        out.append(f"{mode:<{name}}" + "  ".join(f"{m}={c}" for m, c in zip(measures, cells)))
     return out
 
 
@@ -133,7 +141,7 @@ def session_markdown(section: dict[str, Any], modes: list[str], title: str) -> l
 
 def write_markdown(report: dict[str, Any], path: str | Path) -> None:
     """``report.md``: settings, the metric table, every pairwise comparison, files."""
-    measures, modes = report["measures"], report["modes"]
+    measures, modes = report["measures"], systems(report)
     marks = _marks(report)
     sig = report["significance"]
     job = report["job"]
@@ -143,10 +151,12 @@ def write_markdown(report: dict[str, Any], path: str | Path) -> None:
         f"- model: `{report['model']}`",
         f"- input: `{report['input']}`",
         f"- queries: {_queries(report['queries'])}",
-        f"- rerank job: {job['rows_in']} searches x {len(modes)} modes; this run wrote "
+        f"- rerank job: {job['rows_in']} searches x {len(report['modes'])} modes; this run wrote "
         f"{job['written']} rows ({job['errored']} errored), "
         f"{job['already_written']} were already written",
     ]
+    if report.get("fusion"):
+        lines.append(f"- fusion (systems `<mode>+<fusion>`): {', '.join(report['fusion'])}")
     for key, value in report.get("input_notes", {}).items():
         lines.append(f"- input note `{key}`: {value}")
     if "wall_s" in report:
@@ -204,7 +214,7 @@ def write_chart(report: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    measures, modes = report["measures"], report["modes"]
+    measures, modes = report["measures"], systems(report)
     x = np.arange(len(measures))
     width = 0.8 / len(modes)
     fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(measures), 3.6), dpi=120)
@@ -224,7 +234,7 @@ def write_chart(report: dict[str, Any], path: str | Path) -> None:
     ax.set_ylim(0, 1.18)
     ax.set_ylabel("mean over queries")
     ax.set_title(f"{Path(str(report['model'])).name}: {report['queries']['evaluated']} queries")
-    ax.legend(ncols=len(modes), loc="upper center", frameon=False)
+    ax.legend(ncols=min(len(modes), 4), loc="upper center", frameon=False, fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -2,7 +2,9 @@
 
 ``read_parquet -> skip searches already written -> map_batches(ScorerActor) ->
 write_parquet``; one ``RERANK_OUTPUT`` row per input row (bad rows carry their ``error``),
-resumable (see :mod:`acare_ray.offline.resume`).
+resumable (see :mod:`acare_ray.offline.resume`). With fusion on, each row's ranking follows the
+fused value (:mod:`acare_ray.fusion`); the fusion setting is part of the resume manifest, so a
+resumed job never mixes fused and unfused rows.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from acare_ray.context import Mode, parse_mode
+from acare_ray.fusion import FusionConfig, resolve
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.training.checkpoint import read_fusion
 
 
 @dataclass(frozen=True)
@@ -20,7 +24,9 @@ class RerankConfig:
 
     ``mode``: ``M0``..``M3`` or ``auto`` (each row's richest mode); ``top_k``: keep the best k
     per search (None keeps all). ``ray_address``: None connects to ``RAY_ADDRESS`` or starts a
-    local cluster; ``"auto"`` joins a running one.
+    local cluster; ``"auto"`` joins a running one. ``fusion``: ``auto`` (the checkpoint's fitted
+    setting, else none), ``none``, or a setting such as ``rrf:k=60,weight=0.5`` /
+    ``linear:alpha=0.3``.
     """
 
     input: str
@@ -31,11 +37,17 @@ class RerankConfig:
     pool: ActorPool = field(default_factory=ActorPool)
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
+    fusion: str = "auto"
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
+        resolve(self.fusion, None)
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+
+    def resolved_fusion(self) -> FusionConfig:
+        """The fusion this job applies: ``fusion``, with ``auto`` resolved for the model."""
+        return resolve(self.fusion, read_fusion(self.model))
 
 
 def run(config: RerankConfig) -> JobCounts:
@@ -43,6 +55,9 @@ def run(config: RerankConfig) -> JobCounts:
     mode = parse_mode(config.mode)
     mode = mode.value if isinstance(mode, Mode) else mode
     options = config.scorer.options()
+    fusion = config.resolved_fusion()
+    # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
+    fused = {"fusion": fusion.label} if fusion.enabled else {}
     with ray_session(config.ray_address):
         return run_job(
             "rerank",
@@ -54,6 +69,7 @@ def run(config: RerankConfig) -> JobCounts:
                 "modes": (mode,),
                 "top_k": config.top_k,
                 "scorer_options": options,
+                "fusion": fusion.as_dict() if fusion.enabled else None,
             },
             config.pool,
             manifest={
@@ -61,6 +77,7 @@ def run(config: RerankConfig) -> JobCounts:
                 "modes": [mode],
                 "top_k": config.top_k,
                 "scorer": options,
+                **fused,
             },
             key_column="mode",
         )

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from acare_ray.context import AgentContext, Mode, parse_mode
+from acare_ray.fusion import FusionConfig
 from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
 from acare_ray.scorer import Scorer, score_isolated
 
@@ -56,12 +57,17 @@ def _failure(search_id: str, err: Exception) -> str:
 
 
 def rerank_mode(
-    scorer: Scorer, parsed: Sequence[Parsed], mode: str, top_k: int | None
+    scorer: Scorer,
+    parsed: Sequence[Parsed],
+    mode: str,
+    top_k: int | None,
+    fusion: FusionConfig | None = None,
 ) -> list[dict[str, Any]]:
     """``RERANK_OUTPUT`` rows for one mode, one per parsed row, in input order.
 
     ``mode`` ``"auto"`` records each row's resolved mode; an error row of a row that could not
-    be parsed records the mode as requested.
+    be parsed records the mode as requested. ``fusion`` fuses each row's scores with its
+    candidates' ``first_stage_score`` / ``first_stage_rank`` (:func:`acare_ray.fusion.fuse`).
     """
     requested = parse_mode(mode)
     name = requested.value if isinstance(requested, Mode) else requested
@@ -69,22 +75,33 @@ def rerank_mode(
     ready: list[tuple[int, Search, Mode]] = []
     for i, (ident, item) in enumerate(parsed):
         if isinstance(item, RowError):
-            out[i] = error_row(ident, name, str(item))
+            out[i] = error_row(ident, name, str(item), fusion)
             continue
         try:
             ready.append((i, item, item.context.resolve_mode(requested)))
         except ValueError as err:
-            out[i] = error_row(item.search_id, name, f"search_id={item.search_id}: {err}")
+            message = f"search_id={item.search_id}: {err}"
+            out[i] = error_row(item.search_id, name, message, fusion)
     items = [(s.context, [c.text for c in s.candidates]) for _, s, _ in ready]
     for (i, search, resolved), scores in zip(ready, score_isolated(scorer, items, requested)):
         if isinstance(scores, Exception):
-            out[i] = error_row(search.search_id, resolved, _failure(search.search_id, scores))
+            message = _failure(search.search_id, scores)
+            out[i] = error_row(search.search_id, resolved, message, fusion)
             continue
-        doc_ids = [c.doc_id for c in search.candidates]
+        candidates = search.candidates
         try:
-            out[i] = rerank_row(search.search_id, resolved, doc_ids, scores, top_k)
+            out[i] = rerank_row(
+                search.search_id,
+                resolved,
+                [c.doc_id for c in candidates],
+                scores,
+                top_k,
+                fusion,
+                [c.first_stage_score for c in candidates],
+                [c.first_stage_rank for c in candidates],
+            )
         except RowError as err:
-            out[i] = error_row(search.search_id, resolved, str(err))
+            out[i] = error_row(search.search_id, resolved, str(err), fusion)
     return out  # type: ignore[return-value]
 
 
@@ -93,10 +110,11 @@ def rerank_rows(
     rows: Sequence[Mapping[str, Any]],
     modes: Sequence[str],
     top_k: int | None = None,
+    fusion: FusionConfig | None = None,
 ) -> list[dict[str, Any]]:
     """For each mode, one ``RERANK_OUTPUT`` row per input row (all rows of a mode together)."""
     parsed = parse_rows(rows)
-    return [out for mode in modes for out in rerank_mode(scorer, parsed, mode, top_k)]
+    return [out for mode in modes for out in rerank_mode(scorer, parsed, mode, top_k, fusion)]
 
 
 NEGATIVES_FROM = ("bottom", "hard")

@@ -22,6 +22,15 @@ from acare_ray.schema import parse_group, parse_search
 
 pytestmark = pytest.mark.slow
 MODES = ("M0", "M2", "M3")
+SYSTEMS = (
+    "M0",
+    "M0+rrf:k=60,weight=0.5",
+    "M2",
+    "M2+rrf:k=60,weight=0.5",
+    "M3",
+    "M3+rrf:k=60,weight=0.5",
+    "first_stage",
+)
 
 
 def read_trec_run(path: Path) -> dict[str, dict[str, float]]:
@@ -55,7 +64,7 @@ def evaluation(ray_local, searches, tiny_qwen3_dir, tmp_path_factory):
     report_dir = tmp_path_factory.mktemp("report")
     argv = ["eval", "--input", str(searches[0]), "--model", str(tiny_qwen3_dir)]
     argv += ["--modes", ",".join(MODES), "--report-dir", str(report_dir), "--resamples", "500"]
-    argv += ["--actors", "1", "--batch-size", "4"]
+    argv += ["--actors", "1", "--batch-size", "4", "--fusion", "rrf"]
     return main(argv), report_dir
 
 
@@ -66,9 +75,10 @@ def test_eval_cli_writes_every_report_file(evaluation, capsys):
     for key in ("json", "markdown", "chart", "qrels"):
         assert Path(report["files"][key]).is_file(), key
     assert Path(report["files"]["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(report["files"]["runs"]) == sorted(MODES)
+    assert report["systems"] == list(SYSTEMS) and report["modes"] == list(MODES)
+    assert sorted(report["files"]["runs"]) == sorted(SYSTEMS)
     markdown = (report_dir / "report.md").read_text()
-    assert all(f"| {mode} |" in markdown for mode in MODES)
+    assert all(f"| {system} |" in markdown for system in SYSTEMS)
 
 
 def test_report_metrics_match_metrics_evaluate_on_the_written_run(evaluation, searches):
@@ -78,8 +88,8 @@ def test_report_metrics_match_metrics_evaluate_on_the_written_run(evaluation, se
     assert len(qrels) == report["queries"]["evaluated"] == len(searches[1]) - 1
     assert report["queries"]["not_scored_in_every_mode"] == 1
     assert report["queries"]["errored_rows"] == {"M0": 0, "M2": 0, "M3": 1}
-    for mode in MODES:
-        run = read_trec_run(report_dir / "runs" / f"{mode}.trec")
+    for mode in SYSTEMS:
+        run = read_trec_run(Path(report["files"]["runs"][mode]))
         result = evaluate(qrels, run, report["measures"])
         for measure in report["measures"]:
             entry = report["metrics"][mode][measure]
@@ -99,14 +109,17 @@ def test_trec_files_are_read_by_ir_measures_with_the_same_numbers(evaluation):
         assert got[measure] == pytest.approx(report["metrics"]["M2"][name]["mean"], abs=1e-9)
 
 
-def test_significance_covers_every_mode_pair_with_holm_per_measure(evaluation):
+def test_significance_covers_every_system_pair_with_holm_per_measure(evaluation):
+    import itertools
+
     _, report_dir = evaluation
     report = json.loads((report_dir / "report.json").read_text())
     comparisons = report["significance"]["comparisons"]
-    assert len(comparisons) == 3 * len(report["measures"])
+    pairs = set(itertools.combinations(SYSTEMS, 2))
+    assert len(comparisons) == len(pairs) * len(report["measures"])
     for measure in report["measures"]:
         rows = [r for r in comparisons if r["measure"] == measure]
-        assert {(r["a"], r["b"]) for r in rows} == {("M0", "M2"), ("M0", "M3"), ("M2", "M3")}
+        assert {(r["a"], r["b"]) for r in rows} == pairs
         adjusted = holm_bonferroni([r["p_value"] for r in rows])
         assert [r["p_holm"] for r in rows] == pytest.approx(adjusted)
         for r in rows:
@@ -121,9 +134,37 @@ def test_printed_table_has_a_row_per_mode(evaluation, capsys):
     report = json.loads((report_dir / "report.json").read_text())
     lines = format_table(report).splitlines()
     assert lines[0].split() == ["mode", *report["measures"]]
-    assert [line.split()[0] for line in lines[1:4]] == list(MODES)
+    assert [line.split()[0] for line in lines[1:8]] == list(SYSTEMS)
     ndcg = report["metrics"]["M2"]["nDCG@10"]["mean"]
-    assert f"{ndcg:.3f}" in lines[2]
+    assert f"{ndcg:.3f}" in lines[3]
+
+
+def test_first_stage_system_is_the_input_order_and_fused_systems_reuse_the_scores(
+    evaluation, searches
+):
+    """Issue 20: eval's first-stage system is the input's first-stage order (first_stage_score
+    descending, ties in input order), and each fused system is the fusion of its mode's written
+    scores with it (no rescoring)."""
+    from acare_ray.fusion import FusionConfig, fuse
+    from acare_ray.metrics import rank_docs
+    from acare_ray.offline.evaluate import load_runs
+
+    _, report_dir = evaluation
+    report = json.loads((report_dir / "report.json").read_text())
+    first = read_trec_run(Path(report["files"]["runs"]["first_stage"]))
+    scores, _ = load_runs(report["files"]["rerank_output"], MODES)
+    fused = read_trec_run(Path(report["files"]["runs"]["M2+rrf:k=60,weight=0.5"]))
+    by_id = {r["search_id"]: r for r in searches[1]}
+    assert first and set(first) == set(fused)
+    for qid, run in first.items():
+        candidates = by_id[qid]["candidates"]
+        doc_ids = [c["doc_id"] for c in candidates]
+        first_scores = [c["first_stage_score"] for c in candidates]
+        by_hand = sorted(range(len(doc_ids)), key=lambda i: (-first_scores[i], i))
+        assert rank_docs(run) == [doc_ids[i] for i in by_hand]
+        values = [scores["M2"][qid][d] for d in doc_ids]
+        expected = fuse(values, FusionConfig("rrf"), first_scores)
+        assert rank_docs(fused[qid]) == [doc_ids[i] for i in expected.order]
 
 
 def test_relabel_job_writes_one_row_per_search_and_groups_from_the_labeler(

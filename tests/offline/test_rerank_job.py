@@ -292,3 +292,35 @@ def test_killed_driver_resumes_with_every_search_exactly_once(ray_local, tiny_qw
     ids = [r["search_id"] for r in read_rows(output)]
     assert len(ids) == len(set(ids)) == table.num_rows
     assert set(ids) == set(table.column("search_id").to_pylist())
+
+
+def test_rerank_uses_the_fusion_fitted_for_the_checkpoint_and_never_mixes_on_resume(
+    ray_local, mixed_searches, tiny_qwen3_copy, tmp_path
+):
+    """Issue 20: the fitted setting stored with a checkpoint is what rerank uses by default."""
+    from acare_ray.fusion import FusionConfig, fuse
+    from acare_ray.training.checkpoint import write_fusion
+
+    fitted = FusionConfig("rrf", k=60, weight=0.3)
+    write_fusion(tiny_qwen3_copy, fitted, {"objective": "nDCG@10"})
+    out = tmp_path / "out"
+    run(config(mixed_searches, out, model=str(tiny_qwen3_copy)))
+    _, rows, errors = mixed_searches
+    written = {r["search_id"]: r for r in read_rows(out)}
+    for row in rows:
+        got = written[row["search_id"]]
+        assert got["fusion"] == fitted.label
+        if row["search_id"] in errors:
+            continue
+        search = parse_search(row)
+        by_doc = {r["doc_id"]: r for r in got["ranking"]}
+        scores = [by_doc[c.doc_id]["score"] for c in search.candidates]
+        expected = fuse(scores, fitted, [c.first_stage_score for c in search.candidates])
+        assert [r["doc_id"] for r in got["ranking"]] == [
+            search.candidates[i].doc_id for i in expected.order
+        ]
+        assert [by_doc[c.doc_id]["fused"] for c in search.candidates] == pytest.approx(
+            expected.values.tolist()
+        )
+    with pytest.raises(ValueError, match=r"fusion: 'rrf:k=60,weight=0.3' -> None"):
+        run(config(mixed_searches, out, model=str(tiny_qwen3_copy), fusion="none"))

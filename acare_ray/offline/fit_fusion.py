@@ -1,0 +1,97 @@
+"""``acare fit-fusion``: fit a checkpoint's fusion on a training split and store it with it.
+
+One Ray Data scoring pass over the labelled training searches in one mode (resumable, into
+``<work_dir>/rerank``), then a grid over the fusion weight (``rrf``: ``weight`` at ``k``;
+``linear``: ``alpha``; 0.0, 0.1, ..., 1.0, :func:`acare_ray.fusion.grid`) scored by mean
+nDCG@10 (the ``measure``) over the searches with a relevant candidate; the best setting (the
+first on a tie) is written to the checkpoint's ``acare.json`` (``fusion``, with how it was fitted)
+so that ``acare rerank``, ``acare eval`` and ``acare serve`` use it by default for that
+checkpoint. Weight 1.0 is the reranker alone and 0.0 the first stage alone, so the grid also
+says whether reranking helps this first stage at all. ``<work_dir>/fit.json`` has every grid
+point.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from acare_ray.context import Mode, parse_mode
+from acare_ray.fusion import DEFAULT_RRF_K, fit, grid
+from acare_ray.metrics import parse_measure
+from acare_ray.offline.actor import ScorerActor
+from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_runs
+from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
+from acare_ray.training.checkpoint import write_fusion
+
+
+@dataclass(frozen=True)
+class FitFusionConfig:
+    """``input``: labelled training searches (never the test split); ``model``: the checkpoint
+    folder the fitted setting is written into (unless ``write`` is False); ``work_dir``: the
+    scoring output and ``fit.json``. ``methods``: ``rrf`` and/or ``linear``."""
+
+    input: str
+    model: str
+    work_dir: str
+    mode: str = "M3"
+    methods: tuple[str, ...] = ("rrf", "linear")
+    k: float = DEFAULT_RRF_K
+    measure: str = "nDCG@10"
+    write: bool = True
+    pool: ActorPool = field(default_factory=ActorPool)
+    scorer: ScorerSettings = field(default_factory=ScorerSettings)
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(parse_mode(self.mode), Mode):
+            raise ValueError(f"mode must be one of M0..M3, got {self.mode!r}")
+        object.__setattr__(self, "mode", parse_mode(self.mode).value)
+        grid(self.methods, self.k)
+        kind, k = parse_measure(self.measure)
+        object.__setattr__(self, "measure", f"{kind}@{k}")
+        if self.write and not Path(self.model).is_dir():
+            raise ValueError(f"{self.model}: the fitted fusion is stored in a checkpoint folder")
+
+
+def run(config: FitFusionConfig) -> dict[str, Any]:
+    """Score, fit, store; returns what ``fit.json`` holds."""
+    out = Path(config.work_dir)
+    rerank_dir = str(out / "rerank")
+    options = config.scorer.options()
+    with ray_session(config.ray_address):
+        run_job(
+            "fit-fusion",
+            config.input,
+            rerank_dir,
+            ScorerActor,
+            {"model": config.model, "modes": (config.mode,), "scorer_options": options},
+            config.pool,
+            manifest={"model": config.model, "modes": [config.mode], "scorer": options},
+            key_column="mode",
+        )
+    qrels = load_qrels(config.input)
+    scores, errored = load_runs(rerank_dir, (config.mode,))
+    first = load_first_stage(config.input)
+    searches = {}
+    for qid, by_doc in scores[config.mode].items():
+        doc_ids, fs_scores, fs_ranks, _ = first[qid]
+        searches[qid] = (doc_ids, [by_doc[d] for d in doc_ids], fs_scores, fs_ranks)
+    best, table = fit(searches, qrels, grid(config.methods, config.k), config.measure)
+    value = max(row[config.measure] for row in table)
+    fitted = {
+        "objective": config.measure,
+        "value": value,
+        "mode": config.mode,
+        "input": config.input,
+        "searches": sum(any(r > 0 for r in qrels.get(q, {}).values()) for q in searches),
+        "errored_rows": errored.get(config.mode, 0),
+    }
+    result = {"fusion": best.as_dict(), "label": best.label, "fitted": fitted, "grid": table}
+    if config.write:
+        result["stored_in"] = str(write_fusion(config.model, best, fitted))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fit.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
