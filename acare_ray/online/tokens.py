@@ -61,6 +61,7 @@ class TokenLayout:
     def __init__(self, scorer: Any) -> None:
         self._backend = scorer.backend
         self.backend_name = self._backend.name
+        self.tokenizer = self._backend.tokenizer
         self.inert = self._backend.inert
         self.lead = self._backend.document_lead
         self.max_length = self._backend.max_length
