@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows
+from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows, table_rows
 from acare_ray.schema import RERANK_OUTPUT
 from acare_ray.scorer import Scorer
 
@@ -65,7 +65,7 @@ class ScorerActor:
         self.top_k = top_k
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = rerank_rows(self.scorer, batch.to_pylist(), self.modes, self.top_k)
+        rows = rerank_rows(self.scorer, table_rows(batch), self.modes, self.top_k)
         return pa.Table.from_pylist(rows, schema=RERANK_OUTPUT)
 
 
@@ -91,5 +91,5 @@ class RelabelActor:
         }
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = relabel_rows(self.scorer, batch.to_pylist(), self.negatives, **self.options)
+        rows = relabel_rows(self.scorer, table_rows(batch), self.negatives, **self.options)
         return pa.Table.from_pylist(rows, schema=RELABEL_OUTPUT)

@@ -20,7 +20,8 @@ class RerankConfig:
 
     ``mode``: ``M0``..``M3`` or ``auto`` (each row's richest mode); ``top_k``: keep the best k
     per search (None keeps all). ``ray_address``: None connects to ``RAY_ADDRESS`` or starts a
-    local cluster; ``"auto"`` joins a running one.
+    local cluster; ``"auto"`` joins a running one. ``retry_errors``: score again the searches
+    whose output rows carry an error, replacing those rows (see :mod:`acare_ray.offline.resume`).
     """
 
     input: str
@@ -31,6 +32,7 @@ class RerankConfig:
     pool: ActorPool = field(default_factory=ActorPool)
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
+    retry_errors: bool = False
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -62,5 +64,6 @@ def run(config: RerankConfig) -> JobCounts:
                 "top_k": config.top_k,
                 "scorer": options,
             },
+            retry_errors=config.retry_errors,
             key_column="mode",
         )
