@@ -1,9 +1,9 @@
 """Resume logic without Ray: what counts as a broken part file, transient read errors, the
 output lock, retrying errored rows and cells that are not valid UTF-8.
 
-Transient errors are injected with :class:`FlakyFS`, a wrapper around the local file system
-whose first ``failures`` ``open_input_file`` calls raise ``OSError`` (what an object store's
-dropped connection or throttling surfaces as in pyarrow), deterministically.
+Transient errors are injected with ``offline_support.FlakyFS``, a wrapper around the local
+file system whose first ``failures`` ``open_input_file`` calls raise ``OSError`` (what an
+object store's dropped connection or throttling surfaces as in pyarrow), deterministically.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from offline_support import FlakyFS, invalid_utf8
 
 from acare_ray.offline import resume
 from acare_ray.offline.lock import LOCK_FILE, OutputLock, OutputLocked
@@ -37,32 +38,9 @@ from acare_ray.offline.score import rerank_rows, table_rows
 from acare_ray.schema import RERANK_OUTPUT
 
 
-class FlakyFS:
-    """``LocalFileSystem`` whose first ``failures`` ``open_input_file`` calls raise ``OSError``."""
-
-    def __init__(self, failures: int) -> None:
-        self.inner = pafs.LocalFileSystem()
-        self.failures = failures
-
-    def open_input_file(self, path: str):
-        if self.failures > 0:
-            self.failures -= 1
-            raise OSError(f"injected transient error reading {path}")
-        return self.inner.open_input_file(path)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 @pytest.fixture(autouse=True)
 def no_retry_wait(monkeypatch):
     monkeypatch.setattr(resume, "RETRY_DELAY_S", 0.0)
-
-
-def invalid_utf8(values: list[bytes | None]) -> pa.Array:
-    """A ``string`` array holding these raw bytes (pyarrow does not validate them)."""
-    raw = pa.array(values, pa.binary())
-    return pa.Array.from_buffers(pa.string(), len(raw), raw.buffers(), raw.null_count)
 
 
 def output_rows(ids: list[str], errors: dict[str, str] | None = None) -> pa.Table:
