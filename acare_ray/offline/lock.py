@@ -87,6 +87,8 @@ class OutputLock:
                 self.held = True
                 return
             holder = self.read()
+            if holder is None:  # released between our create and our read: try again
+                continue
             if not self._stale(holder):
                 raise OutputLocked(self._message(holder))
             log.warning("taking over the stale lock %s of a dead process: %s", self.path, holder)
@@ -127,9 +129,7 @@ class OutputLock:
             f.write(payload)
         return (self.read() or {}).get("run_id") == self.run_id
 
-    def _stale(self, holder: dict[str, Any] | None) -> bool:
-        if holder is None:  # removed between our create and our read: try again
-            return True
+    def _stale(self, holder: dict[str, Any]) -> bool:
         pid = holder.get("pid")
         same_host = holder.get("host") == socket.gethostname()
         return same_host and isinstance(pid, int) and not _alive(pid)

@@ -93,6 +93,8 @@ class WorkerRun:
         if self.device.type == "cpu":
             torch.set_num_threads(config.cpus_per_worker)
 
+        if self.rank == 0:  # what a killed save left behind; no save is under way yet
+            shutil.rmtree(ckpt.staging_root(config.output, config.name), ignore_errors=True)
         self.train, self.val = load_splits(config)
         self.per_epoch = steps_per_epoch(len(self.train), config)
         self.total = total_steps(len(self.train), config)

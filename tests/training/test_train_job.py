@@ -276,6 +276,8 @@ def _drop_trainer_state_then_crash(marker: str, staged_log: str):
                 open(marker, "w").close()
                 run_dir = Path(worker.config.output) / worker.config.name
                 os.remove(run_dir / f"checkpoint_{metrics['step']:07d}" / "trainer_state.pt")
+                # what a save killed mid-write leaves behind; the restart must clear it
+                (run_dir / ".acare-staging" / ".rank0-checkpoint_0000008.partial-dead").mkdir()
                 raise RuntimeError("injected worker failure")
 
         worker.save_and_report = save_then_crash
@@ -315,7 +317,7 @@ def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(
     staged = staged_log.read_text().split()
     assert [Path(p).name for p in staged] == [f"rank0-checkpoint_{k:07d}" for k in (4, 8, 12)]
     assert all(Path(p).parent == staging for p in staged)
-    assert list(staging.iterdir()) == []  # each staged copy removed once persisted
+    assert list(staging.iterdir()) == []  # staged copies removed once persisted, leftovers cleared
 
 
 def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir):
