@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from acare_ray.fusion import FusionConfig
-from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows
+from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows, table_rows
 from acare_ray.schema import RERANK_OUTPUT
 from acare_ray.scorer import Scorer
 
@@ -68,7 +68,7 @@ class ScorerActor:
         self.fusion = FusionConfig.from_dict(fusion) if fusion else None
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = rerank_rows(self.scorer, batch.to_pylist(), self.modes, self.top_k, self.fusion)
+        rows = rerank_rows(self.scorer, table_rows(batch), self.modes, self.top_k, self.fusion)
         return pa.Table.from_pylist(rows, schema=RERANK_OUTPUT)
 
 
@@ -94,5 +94,5 @@ class RelabelActor:
         }
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = relabel_rows(self.scorer, batch.to_pylist(), self.negatives, **self.options)
+        rows = relabel_rows(self.scorer, table_rows(batch), self.negatives, **self.options)
         return pa.Table.from_pylist(rows, schema=RELABEL_OUTPUT)

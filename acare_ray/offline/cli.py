@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from acare_ray.metrics import DEFAULT_MEASURES
 from acare_ray.offline.job import ActorPool, ScorerSettings
+from acare_ray.offline.lock import OutputLocked
+from acare_ray.offline.resume import StorageError
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -20,6 +22,11 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
     parser.add_argument("--input", required=True, help="searches Parquet file or folder")
     if output:
         parser.add_argument("--output", required=True, help="output folder (resumed if it exists)")
+        parser.add_argument(
+            "--retry-errors",
+            action="store_true",
+            help="score again the searches whose output rows carry an error (replacing them)",
+        )
     parser.add_argument("--model", required=True, help="Hugging Face id, local path or alias")
     parser.add_argument(
         "--revision", default=None, help="Hub commit (or tag) of --model; default: main"
@@ -54,15 +61,19 @@ def _pool(args: argparse.Namespace) -> ActorPool:
 
 
 def _reported(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Bad settings (``ValueError``: flags, a mismatched output folder) -> message, exit 2."""
+    """Bad settings (``ValueError``: flags, a mismatched output folder) or an output locked by
+    another job -> message, exit 2; storage that keeps failing reads -> message, exit 1."""
 
     @functools.wraps(command)
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except ValueError as err:
+        except (ValueError, OutputLocked) as err:
             print(f"acare {args.command}: error: {err}", file=sys.stderr)
             return 2
+        except StorageError as err:
+            print(f"acare {args.command}: error: {err}", file=sys.stderr)
+            return 1
 
     return wrapper
 
@@ -81,6 +92,7 @@ def rerank_command(args: argparse.Namespace) -> int:
         scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens, revision=args.revision),
         ray_address=args.ray_address,
         fusion=args.fusion,
+        retry_errors=args.retry_errors,
     )
     print(run(config).describe())
     return 0
@@ -106,6 +118,7 @@ def relabel_command(args: argparse.Namespace) -> int:
             revision=args.revision,
         ),
         ray_address=args.ray_address,
+        retry_errors=args.retry_errors,
     )
     counts = run(config)
     print(counts.describe())

@@ -18,8 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from acare_ray.offline.lock import OutputLock
 from acare_ray.offline.resume import (
     OutputState,
+    new_run_id,
     part_files,
     prepare_output,
     resolve,
@@ -102,7 +104,8 @@ class JobCounts:
     """How a job went. ``per_key`` maps each mode (rerank) or status (relabel) written this
     run to ``{"rows", "errored"}``. ``rows_in`` counts input rows, each of which yields
     ``rows_per_input`` output rows (one per mode); ``already_written`` counts the output rows
-    found from earlier runs (their searches are skipped, not scored again)."""
+    found from earlier runs (their searches are skipped, not scored again); ``retried`` counts
+    the rows of errored searches removed to be scored again (``retry_errors``)."""
 
     job: str
     output: str
@@ -117,6 +120,7 @@ class JobCounts:
     wall_s: float
     rows_per_input: int = 1
     per_key: dict[str, dict[str, int]] = field(default_factory=dict)
+    retried: int = 0
 
     @property
     def scored(self) -> int:
@@ -139,6 +143,8 @@ class JobCounts:
         )
         if self.removed_incomplete:
             text += f"; removed {self.removed_incomplete} incomplete part files first"
+        if self.retried:
+            text += f"; removed {self.retried} rows of errored searches to score them again"
         return text
 
 
@@ -202,27 +208,36 @@ def run_job(
     manifest: dict[str, Any],
     key_column: str,
     rows_per_input: int = 1,
+    retry_errors: bool = False,
 ) -> JobCounts:
     """Run the pipeline into ``output`` (resuming it) and count what happened.
 
     ``actor(**actor_kwargs)`` is constructed once per pool actor and called with
     ``pyarrow.Table`` batches of ``pool.batch_size`` searches; ``key_column`` is the output
-    column counted per value (mode or status). Needs a connected Ray (see :func:`ray_session`).
+    column counted per value (mode or status). The job holds the output's lock throughout
+    (:class:`~acare_ray.offline.lock.OutputLocked` if another job holds it);
+    ``retry_errors`` scores the searches with an error row again, replacing their rows.
+    Needs a connected Ray (see :func:`ray_session`).
     """
     started = time.perf_counter()
     rows_in = count_rows(input_path)
-    state = prepare_output(output, {"job": job, **manifest})
-    if "search_id" not in input_columns(input_path):
-        # Every row becomes an error row naming the missing id; nothing can be skipped.
-        state = replace(state, written=None)
-    if state.written is None or unwritten_rows(input_path, state.written) > 0:
-        _write(input_path, state, actor, actor_kwargs, pool)
-    else:
-        log.info("%s: every input row is already in %s; nothing to score", job, output)
-    before = set(state.files_before)
-    files = part_files(state.fs, state.root)
-    mine = [p for p in files if p not in before]
-    per_key = tally(state.fs, mine, key_column)
+    fs, root, _ = resolve(output)
+    run_id = new_run_id()
+    with OutputLock(fs, root, run_id):
+        state = prepare_output(
+            output, {"job": job, **manifest}, retry_errors=retry_errors, run_id=run_id
+        )
+        if "search_id" not in input_columns(input_path):
+            # Every row becomes an error row naming the missing id; nothing can be skipped.
+            state = replace(state, written=None)
+        if state.written is None or unwritten_rows(input_path, state.written) > 0:
+            _write(input_path, state, actor, actor_kwargs, pool)
+        else:
+            log.info("%s: every input row is already in %s; nothing to score", job, output)
+        before = set(state.files_before)
+        files = part_files(state.fs, state.root)
+        mine = [p for p in files if p not in before]
+        per_key = tally(state.fs, mine, key_column)
     written = sum(v["rows"] for v in per_key.values())
     counts = JobCounts(
         job=job,
@@ -238,6 +253,7 @@ def run_job(
         wall_s=time.perf_counter() - started,
         rows_per_input=rows_per_input,
         per_key=per_key,
+        retried=state.retried,
     )
     log.info("%s", counts.describe())
     return counts

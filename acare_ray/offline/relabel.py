@@ -35,6 +35,9 @@ class RelabelConfig:
     non-positives); ``keep_failed``: also label searches of failed trajectories (gold labels do
     not depend on the agent's success). See :func:`~acare_ray.offline.score.relabel_rows`.
 
+    ``retry_errors``: label again the searches whose rows carry an error (every status but
+    ``ok``), replacing those rows.
+
     The labeler's instruction defaults to :data:`LABELER_INSTRUCTION` (set
     ``scorer.instruction`` to change it).
     """
@@ -51,6 +54,7 @@ class RelabelConfig:
         default_factory=lambda: ScorerSettings(instruction=LABELER_INSTRUCTION)
     )
     ray_address: str | None = None
+    retry_errors: bool = False
 
     def __post_init__(self) -> None:
         if self.negatives < 1:
@@ -79,6 +83,7 @@ def run(config: RelabelConfig) -> JobCounts:
             {"model": config.model, "scorer_options": options, **labels},
             config.pool,
             manifest={"model": config.model, "scorer": options, **labels},
+            retry_errors=config.retry_errors,
             key_column="status",
         )
 

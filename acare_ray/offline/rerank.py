@@ -26,7 +26,8 @@ class RerankConfig:
     per search (None keeps all). ``ray_address``: None connects to ``RAY_ADDRESS`` or starts a
     local cluster; ``"auto"`` joins a running one. ``fusion``: ``auto`` (the checkpoint's fitted
     setting, else none), ``none``, or a setting such as ``rrf:k=60,weight=0.5`` /
-    ``linear:alpha=0.3``.
+    ``linear:alpha=0.3``. ``retry_errors``: score again the searches whose output rows carry
+    an error, replacing those rows (see :mod:`acare_ray.offline.resume`).
     """
 
     input: str
@@ -38,6 +39,7 @@ class RerankConfig:
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
     fusion: str = "auto"
+    retry_errors: bool = False
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -79,5 +81,6 @@ def run(config: RerankConfig) -> JobCounts:
                 "scorer": options,
                 **fused,
             },
+            retry_errors=config.retry_errors,
             key_column="mode",
         )

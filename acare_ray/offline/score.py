@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from acare_ray.context import AgentContext, Mode, parse_mode
 from acare_ray.fusion import FusionConfig
@@ -38,11 +39,72 @@ LABELER_INSTRUCTION = (
 Parsed = tuple[str | None, Search | RowError]
 
 
-def parse_rows(rows: Sequence[Mapping[str, Any]]) -> list[Parsed]:
+class UndecodableRow(RowError):
+    """A row with a string cell that is not valid UTF-8; stands in for the row's mapping."""
+
+    def __init__(self, search_id: str | None, message: str) -> None:
+        super().__init__(message)
+        self.search_id = search_id
+
+
+def _undecodable(array: pa.Array, path: str) -> str | None:
+    """The path of the first string in the length-1 ``array`` that is not valid UTF-8."""
+    kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        try:
+            array.to_pylist()
+        except UnicodeDecodeError:
+            return path
+        return None
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        values = array.flatten()
+        for j in range(len(values)):
+            if (bad := _undecodable(values.slice(j, 1), f"{path}[{j}]")) is not None:
+                return bad
+        return None
+    if pa.types.is_struct(kind):
+        for child, field in zip(array.flatten(), kind, strict=True):
+            if (bad := _undecodable(child, f"{path}.{field.name}")) is not None:
+                return bad
+    return None
+
+
+def table_rows(batch: pa.Table) -> list[Mapping[str, Any] | UndecodableRow]:
+    """The rows of ``batch`` as mappings; a row with a string cell that is not valid UTF-8 is
+    an :class:`UndecodableRow` naming the cell (``search_id=abc: sub_query is not valid
+    UTF-8``) instead of failing the whole batch. Its id is the :func:`canonical_id` form."""
+    from acare_ray.offline.resume import canonical_id
+
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    out: list[Mapping[str, Any] | UndecodableRow] = []
+    for i in range(batch.num_rows):
+        row = batch.slice(i, 1)
+        try:
+            out.append(row.to_pylist()[0])
+            continue
+        except UnicodeDecodeError:
+            pass
+        ident = None
+        if "search_id" in row.column_names and row["search_id"].null_count == 0:
+            raw = pc.cast(row["search_id"], pa.binary())[0].as_py()
+            ident = canonical_id(raw)
+        cells = (_undecodable(row[name].combine_chunks(), name) for name in row.column_names)
+        cell = next((c for c in cells if c is not None), "a string cell")
+        out.append(UndecodableRow(ident, f"search_id={ident}: {cell} is not valid UTF-8"))
+    return out
+
+
+def parse_rows(rows: Sequence[Mapping[str, Any] | UndecodableRow]) -> list[Parsed]:
     """``(search_id or None, parse_search(row))`` per row; a bad row has its :class:`RowError`
-    in place of the search."""
+    in place of the search (an :class:`UndecodableRow` is its own error)."""
     out: list[Parsed] = []
     for index, row in enumerate(rows):
+        if isinstance(row, UndecodableRow):
+            out.append((row.search_id, row))
+            continue
         ident = row.get("search_id") if isinstance(row, Mapping) else None
         ident = ident if isinstance(ident, str) else None
         try:

@@ -10,14 +10,21 @@ Layout of one checkpoint directory::
     trainer_state.pt                                   # optimizer + LR scheduler state
 
 ``Scorer.from_pretrained(<checkpoint>)`` (and so the Serve app) loads it as any model folder;
-the last two files only matter to a relaunch that resumes the run.
+the last two files only matter to a relaunch that resumes the run. ``training.json`` is written
+last, into a hidden temp folder that is renamed into place when whole (:func:`write_checkpoint`),
+so a checkpoint folder either is complete or does not exist. A relaunch whose checkpoint lacks
+``trainer_state.pt`` resumes from its weights with fresh optimizer state
+(:func:`read_trainer_state` returns None, the trainer logs it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,16 @@ from acare_ray.scorer import ACARE_CONFIG_FILE
 
 TRAINING_FILE = "training.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
+STAGING_DIR = ".acare-staging"
+
+log = logging.getLogger("acare_ray.training")
+
+
+def staging_root(storage_path: str | os.PathLike, name: str) -> Path:
+    """Where a run stages checkpoints before Ray Train persists them: inside the run's own
+    storage folder (``<storage>/<name>/.acare-staging``), which is sized for checkpoints,
+    not the node's ``/tmp``."""
+    return Path(storage_path).expanduser() / name / STAGING_DIR
 
 
 def hf_model(scorer: Any) -> nn.Module:
@@ -102,24 +119,36 @@ def write_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     model_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write a servable checkpoint of ``scorer``'s current weights into ``directory``.
+    """Write a servable checkpoint of ``scorer``'s current weights into ``directory``, atomically.
 
     ``info`` (JSON-serialisable: step, config, history) goes to ``training.json``;
     ``trainer_state`` (optimizer/scheduler state dicts) to ``trainer_state.pt``. Weights are the
     scorer's own, or ``model_state`` when given (a sharded model's gathered weights, see
-    :func:`full_model_state`). One rank writes.
+    :func:`full_model_state`). Everything is written to a hidden temp folder beside
+    ``directory`` and renamed to ``directory`` once complete (an existing ``directory`` is
+    replaced); a writer that dies leaves only the temp folder. One rank writes.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    model = hf_model(scorer)
-    if model_state is not None:
-        model_state = _without_tied_copies(model, model_state)
-    model.save_pretrained(directory, state_dict=model_state)
-    hf_tokenizer(scorer).save_pretrained(directory)
-    (directory / ACARE_CONFIG_FILE).write_text(json.dumps(scorer.acare_config(), indent=2) + "\n")
-    (directory / TRAINING_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    if trainer_state is not None:
-        torch.save(trainer_state, directory / TRAINER_STATE_FILE)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = directory.parent / f".{directory.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        partial.mkdir()
+        model = hf_model(scorer)
+        if model_state is not None:
+            model_state = _without_tied_copies(model, model_state)
+        model.save_pretrained(partial, state_dict=model_state)
+        hf_tokenizer(scorer).save_pretrained(partial)
+        config = json.dumps(scorer.acare_config(), indent=2) + "\n"
+        (partial / ACARE_CONFIG_FILE).write_text(config)
+        if trainer_state is not None:
+            torch.save(trainer_state, partial / TRAINER_STATE_FILE)
+        (partial / TRAINING_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        partial.rename(directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return directory
 
 
@@ -144,10 +173,17 @@ def read_training_info(directory: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def read_trainer_state(directory: str | os.PathLike) -> dict[str, Any]:
+def read_trainer_state(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """``trainer_state.pt`` of a checkpoint; None (with a warning) when the checkpoint has
+    none: the relaunch resumes from the weights and restarts optimizer and scheduler state."""
     path = Path(directory) / TRAINER_STATE_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: checkpoint has no optimizer state to resume from")
+        log.warning(
+            "%s is missing: resuming from the checkpoint's weights; optimizer state "
+            "(moments) restarts from zero and the learning rate schedule is fast-forwarded",
+            path,
+        )
+        return None
     return torch.load(path, map_location="cpu", weights_only=True)
 
 

@@ -11,15 +11,21 @@ Resuming: Ray Train V2 reloads the run's checkpoint list from ``<output>/<name>`
 with the same name and storage path starts, and ``ray.train.get_checkpoint()`` returns the latest
 one. The worker then loads weights, optimizer and scheduler from it and continues at the saved
 step; data order and dropout are functions of (seed, step), so the continuation sees the same
-groups the interrupted run would have.
+groups the interrupted run would have. A checkpoint without ``trainer_state.pt`` still resumes:
+from its weights, with fresh optimizer state and the learning-rate schedule fast-forwarded to
+the saved step (``training.json`` lists such steps under ``optimizer_restarts``).
+
+Checkpoints are staged under the run's own storage (``<output>/<name>/.acare-staging``), not
+``/tmp``, written atomically, and removed once Ray Train has persisted them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -87,10 +93,13 @@ class WorkerRun:
         if self.device.type == "cpu":
             torch.set_num_threads(config.cpus_per_worker)
 
+        if self.rank == 0:  # what a killed save left behind; no save is under way yet
+            shutil.rmtree(ckpt.staging_root(config.output, config.name), ignore_errors=True)
         self.train, self.val = load_splits(config)
         self.per_epoch = steps_per_epoch(len(self.train), config)
         self.total = total_steps(len(self.train), config)
         self.start_step, self.history, self.resumes, trainer_state = 0, [], [], None
+        self.optimizer_restarts: list[int] = []
         restored = ray.train.get_checkpoint()
         if restored is not None:
             with restored.as_directory() as directory:
@@ -107,6 +116,9 @@ class WorkerRun:
                 )
             self.start_step, self.history = info["step"], info["history"]
             self.resumes = [*info.get("resumes", []), self.start_step]
+            self.optimizer_restarts = list(info.get("optimizer_restarts", []))
+            if trainer_state is None:
+                self.optimizer_restarts.append(self.start_step)
             if self.rank == 0:
                 log.info("resuming run %r at step %d", config.name, self.start_step)
         else:
@@ -130,6 +142,11 @@ class WorkerRun:
         if trainer_state is not None:
             ckpt.load_optimizer_state(self.model, self.optimizer, trainer_state["optimizer"])
             self.scheduler.load_state_dict(trainer_state["scheduler"])
+        elif self.start_step:
+            with warnings.catch_warnings():  # stepping the schedule before any optimizer step
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(self.start_step):
+                    self.scheduler.step()
         self.collator = GroupCollator(
             self.scorer.backend,
             config.group_size,
@@ -214,23 +231,26 @@ class WorkerRun:
         sharded = ckpt.is_sharded(self.model)
         model_state = ckpt.full_model_state(self.model) if sharded else None
         step = metrics["step"]
-        with tempfile.TemporaryDirectory(prefix="acare-ckpt-") as tmp:
-            checkpoint = None
+        name = f"checkpoint_{step:07d}"
+        staged = ckpt.staging_root(self.config.output, self.config.name) / f"rank{self.rank}-{name}"
+        checkpoint = None
+        try:
             if self.rank == 0:
                 info = {
                     "step": step,
                     "config": self.config.to_dict(),
                     "history": self.history,
                     "resumes": self.resumes,
+                    "optimizer_restarts": self.optimizer_restarts,
                 }
                 state = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}
                 ckpt.write_checkpoint(
-                    tmp, self.scorer, info=info, trainer_state=state, model_state=model_state
+                    staged, self.scorer, info=info, trainer_state=state, model_state=model_state
                 )
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(
-                metrics, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint_{step:07d}"
-            )
+                checkpoint = ray.train.Checkpoint.from_directory(str(staged))
+            ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
         if self.rank == 0:
             log.info("step %d: checkpoint saved, %s", step, metrics)
 
@@ -339,6 +359,8 @@ def build_trainer(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    storage = str(Path(config.output).expanduser().resolve())
+    config = replace(config, output=storage)  # workers stage checkpoints under it
     resources: dict[str, float] = {"CPU": config.cpus_per_worker}
     if config.use_gpu:
         resources["GPU"] = config.gpus_per_worker
@@ -352,7 +374,7 @@ def build_trainer(
         ),
         run_config=RunConfig(
             name=config.name,
-            storage_path=str(Path(config.output).expanduser().resolve()),
+            storage_path=storage,
             checkpoint_config=CheckpointConfig(num_to_keep=config.keep_checkpoints),
             failure_config=FailureConfig(max_failures=config.max_failures),
         ),

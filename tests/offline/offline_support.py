@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 
 ONE_MB = 1_000_000
 
@@ -37,3 +39,35 @@ def with_bad_rows(rows: list[dict]) -> tuple[list[dict], dict[str, str]]:
 def read_rows(path: str | Path) -> list[dict]:
     """All rows of an output folder (pyarrow skips ``_acare_job.json``)."""
     return pads.dataset(str(path), format="parquet").to_table().to_pylist()
+
+
+class FlakyFS:
+    """``LocalFileSystem`` whose first ``failures`` ``open_input_file`` calls raise ``OSError``
+    (a transient object-store error, injected deterministically)."""
+
+    def __init__(self, failures: int) -> None:
+        self.inner = pafs.LocalFileSystem()
+        self.failures = failures
+
+    def open_input_file(self, path: str):
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError(f"injected transient error reading {path}")
+        return self.inner.open_input_file(path)
+
+    def __getattr__(self, name: str):
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __getstate__(self) -> dict:
+        return {"failures": self.failures}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["failures"])
+
+
+def invalid_utf8(values: list[bytes | None]) -> pa.Array:
+    """A ``string`` array holding these raw bytes (pyarrow does not validate them)."""
+    raw = pa.array(values, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(raw), raw.buffers(), raw.null_count)

@@ -67,3 +67,38 @@ def test_object_store_budget_reaches_the_pool_and_is_off_by_default(job):
     assert _pool(build_parser().parse_args(base)).store_budget_bytes is None
     capped = build_parser().parse_args([*base, "--object-store-mb", "300"])
     assert _pool(capped).store_budget_bytes == 300 * 2**20
+
+
+def test_the_documented_retry_errors_command_reaches_the_job(monkeypatch):
+    """docs/offline.md's ``--retry-errors`` command, through the CLI to the job's config."""
+    import acare_ray.offline.rerank as rerank
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "offline.md").read_text()
+    block = doc.split("```bash\n")[1:]
+    (command,) = [b.split("```")[0] for b in block if "--retry-errors" in b.split("```")[0]]
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[:2] == ["acare", "rerank"]
+    seen = []
+
+    class Counts:
+        def describe(self) -> str:
+            return "ok"
+
+    monkeypatch.setattr(rerank, "run", lambda config: seen.append(config) or Counts())
+    assert main(argv[1:]) == 0
+    assert seen[0].retry_errors is True and seen[0].mode == "M3"
+    assert main([a for a in argv[1:] if a != "--retry-errors"]) == 0
+    assert seen[1].retry_errors is False
+
+
+def test_a_locked_output_exits_2_naming_the_holder(monkeypatch, capsys, tmp_path):
+    import acare_ray.offline.rerank as rerank
+    from acare_ray.offline.lock import OutputLocked
+
+    def locked(config):
+        raise OutputLocked(f"output {config.output} is locked by run r1 (pid 1 on h)")
+
+    monkeypatch.setattr(rerank, "run", locked)
+    argv = ["rerank", "--input", "x", "--output", str(tmp_path), "--model", "m"]
+    assert main(argv) == 2
+    assert f"acare rerank: error: output {tmp_path} is locked by run r1" in capsys.readouterr().err

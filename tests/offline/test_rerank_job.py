@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import offline_support
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray.cloudpickle
-from offline_support import read_rows
+from offline_support import FlakyFS, invalid_utf8, read_rows
 
+from acare_ray.data.io import write_parquet
+from acare_ray.data.synthetic import SYNTHETIC_SEARCHES
+from acare_ray.offline import resume
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, ScorerSettings, run_job
+from acare_ray.offline.lock import LOCK_FILE, OutputLock
 from acare_ray.offline.rerank import RerankConfig, run
 from acare_ray.offline.resume import MANIFEST, part_files, resolve
 from acare_ray.schema import parse_search
@@ -27,6 +34,7 @@ pytestmark = pytest.mark.slow
 
 # Workers cannot import this test module; ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(offline_support)
 
 SETTINGS = ScorerSettings(max_length=1024)
 POOL = ActorPool(min_size=1, max_size=2, batch_size=3, rows_per_file=1)
@@ -324,3 +332,108 @@ def test_rerank_uses_the_fusion_fitted_for_the_checkpoint_and_never_mixes_on_res
         )
     with pytest.raises(ValueError, match=r"fusion: 'rrf:k=60,weight=0.3' -> None"):
         run(config(mixed_searches, out, model=str(tiny_qwen3_copy), fusion="none"))
+
+
+def cli_rerank(data_path, output: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``acare rerank`` (the settings of :func:`config`) in a fresh interpreter on this cluster."""
+    command = [sys.executable, "-m", "acare_ray.cli", "rerank", "--input", str(data_path)]
+    command += ["--output", str(output), "--model", str(model), "--mode", "M3"]
+    command += ["--actors", "1,2", "--batch-size", "3", "--rows-per-file", "1"]
+    command += ["--ray-address", ray.get_runtime_context().gcs_address, *extra]
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_transient_read_error_bad_utf8_cell_and_second_job_lose_and_duplicate_nothing(
+    first_run, mixed_searches, tiny_qwen3_dir, tmp_path, monkeypatch
+):
+    """Issue 21 part 5, end to end. Before: a transient OSError reading a part file deleted
+    it, a second job on the same output could delete the first one's files, and one
+    sub-query that is not valid UTF-8 failed the job on every rerun.
+
+    Setup: an interrupted output (the first run's, every other part file gone) and an input
+    with one more search whose ``sub_query`` is Latin-1. A second job (``acare rerank`` in a
+    subprocess) is started while this test holds the output's lock: it must refuse, naming the
+    holder, and touch nothing. Then the job runs with the output's file system wrapped in
+    ``FlakyFS`` so that its first two file reads raise ``OSError`` (deterministic; fewer than
+    ``READ_ATTEMPTS``): nothing may be deleted, every search comes out once, the bad cell's
+    row carries the error naming it."""
+    monkeypatch.setattr(resume, "RETRY_DELAY_S", 0.0)
+    _, rows, errors = mixed_searches
+    latin1 = copy.deepcopy(rows[0]) | {"search_id": f"{rows[0]['search_id']}-latin1"}
+    searches = pa.Table.from_pylist([*rows, latin1], schema=SYNTHETIC_SEARCHES)
+    queries = [q.encode() if q is not None else None for q in searches["sub_query"].to_pylist()]
+    queries[-1] = b"caf\xe9 au lait"
+    column = searches.schema.get_field_index("sub_query")
+    searches = searches.set_column(column, "sub_query", invalid_utf8(queries))
+    write_parquet(searches, tmp_path / "in" / "searches.parquet")
+
+    out = tmp_path / "out"
+    shutil.copytree(first_run[0], out)
+    fs, root, _ = resolve(str(out))
+    for path in part_files(fs, root)[::2]:
+        Path(path).unlink()
+    kept = {p: os.path.getmtime(p) for p in part_files(fs, root)}
+    kept_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in kept)
+
+    with OutputLock(fs, root, "first-job"):
+        second = cli_rerank(tmp_path / "in", out, tiny_qwen3_dir)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert f"is locked by run first-job (pid {os.getpid()}" in second.stderr
+    assert {p: os.path.getmtime(p) for p in part_files(fs, root)} == kept
+    assert not (out / LOCK_FILE).exists()
+
+    flaky = FlakyFS(failures=2)
+    real_resolve = resolve
+    monkeypatch.setattr(
+        resume, "resolve", lambda p: (flaky, root, p) if p == str(out) else real_resolve(p)
+    )
+    counts = run(config(mixed_searches, out, model=str(tiny_qwen3_dir), input=str(tmp_path / "in")))
+    assert flaky.failures == 0  # both injected errors were hit
+    assert counts.removed_incomplete == 0 and all(Path(p).exists() for p in kept)
+    assert counts.already_written == kept_rows
+    assert counts.rows_in == counts.output_rows == len(rows) + 1
+    assert counts.written == counts.rows_in - kept_rows
+    written = {r["search_id"]: r for r in read_rows(out)}
+    assert len(read_rows(out)) == len(written) == counts.rows_in
+    assert set(written) == set(searches["search_id"].to_pylist())
+    bad = written[latin1["search_id"]]
+    assert bad["error"] == f"search_id={latin1['search_id']}: sub_query is not valid UTF-8"
+    for search_id, fragment in errors.items():
+        assert fragment in written[search_id]["error"]
+    assert sum(r["error"] is not None for r in written.values()) == len(errors) + 1
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_retry_errors_rescores_errored_searches_exactly_once(
+    first_run, mixed_searches, tiny_qwen3_dir, tmp_path
+):
+    """Before: a search whose row errored (say a transient scoring failure) stayed errored
+    on every rerun. ``--retry-errors`` scores each errored search again and replaces its row:
+    rows in == rows out, the once-failed search now scored, the invalid rows errored again."""
+    out = tmp_path / "out"
+    shutil.copytree(first_run[0], out)
+    fs, root, _ = resolve(str(out))
+    _, rows, errors = mixed_searches
+    victim = next(r["search_id"] for r in rows if r["search_id"] not in errors)
+    for path in part_files(fs, root):
+        table = pq.read_table(path)
+        if victim in table["search_id"].to_pylist():
+            failed = [
+                r | {"ranking": [], "error": f"search_id={victim}: scoring failed: OOM"}
+                if r["search_id"] == victim
+                else r
+                for r in table.to_pylist()
+            ]
+            pq.write_table(pa.Table.from_pylist(failed, schema=table.schema), path)
+    counts = run(config(mixed_searches, out, model=str(tiny_qwen3_dir), retry_errors=True))
+    retried = len(errors) + 1
+    assert counts.retried == counts.written == retried
+    assert (counts.errored, counts.already_written) == (len(errors), len(rows) - retried)
+    assert counts.output_rows == counts.rows_in == len(rows)
+    written = read_rows(out)
+    ids = [r["search_id"] for r in written]
+    assert len(ids) == len(set(ids)) and sorted(ids) == sorted(r["search_id"] for r in rows)
+    by_id = {r["search_id"]: r for r in written}
+    assert by_id[victim]["error"] is None and len(by_id[victim]["ranking"]) == 20
+    assert all(fragment in by_id[i]["error"] for i, fragment in errors.items())

@@ -252,6 +252,74 @@ def test_failed_worker_group_restarts_from_the_last_checkpoint(
         np.testing.assert_allclose(resumed[key], uninterrupted[key], atol=1e-6, err_msg=key)
 
 
+def _drop_trainer_state_then_crash(marker: str, staged_log: str):
+    """Rank 0 records where each checkpoint is staged; after the first checkpoint it deletes
+    that checkpoint's ``trainer_state.pt`` and fails the worker group (once)."""
+
+    def train_fn(loop_config: dict) -> list:
+        from acare_ray.training import checkpoint as ckpt
+
+        worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
+        write = ckpt.write_checkpoint
+
+        def recorded_write(directory, *args, **kwargs):
+            with open(staged_log, "a") as f:
+                f.write(f"{directory}\n")
+            return write(directory, *args, **kwargs)
+
+        ckpt.write_checkpoint = recorded_write
+        save = worker.save_and_report
+
+        def save_then_crash(metrics: dict) -> None:
+            save(metrics)
+            if worker.rank == 0 and not os.path.exists(marker):
+                open(marker, "w").close()
+                run_dir = Path(worker.config.output) / worker.config.name
+                os.remove(run_dir / f"checkpoint_{metrics['step']:07d}" / "trainer_state.pt")
+                # what a save killed mid-write leaves behind; the restart must clear it
+                (run_dir / ".acare-staging" / ".rank0-checkpoint_0000008.partial-dead").mkdir()
+                raise RuntimeError("injected worker failure")
+
+        worker.save_and_report = save_then_crash
+        return worker.fit()
+
+    return train_fn
+
+
+def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(
+    reference, task, tiny_qwen3_dir, tmp_path
+):
+    """Pins: a checkpoint without trainer_state.pt made every relaunch fail
+    (FileNotFoundError), and checkpoints were staged in /tmp. Now the restart resumes from the
+    step-4 weights with fresh optimizer state (recorded in ``optimizer_restarts``), the
+    learning-rate schedule continues where it was (same ``lr`` at steps 8 and 12 as the
+    uninterrupted run), and every checkpoint was staged under the run's own folder."""
+    _, ref_result = reference
+    config = TrainConfig.from_dict(
+        {
+            **_config(task, tiny_qwen3_dir, tmp_path / "runs", "no-state").to_dict(),
+            "max_failures": 1,
+        }
+    )
+    marker, staged_log = tmp_path / "crashed", tmp_path / "staged.txt"
+    result = build_trainer(
+        config, train_fn=_drop_trainer_state_then_crash(str(marker), str(staged_log))
+    ).fit()
+    assert marker.exists()
+    info = read_training_info(Path(result.checkpoint.path))
+    assert info["resumes"] == [4] and info["optimizer_restarts"] == [4]
+    assert [h["step"] for h in info["history"]] == [0, 4, 8, 12]
+    reference_info = read_training_info(Path(ref_result.checkpoint.path))
+    lrs = {h["step"]: h["lr"] for h in info["history"] if "lr" in h}
+    reference_lrs = {h["step"]: h["lr"] for h in reference_info["history"] if "lr" in h}
+    assert lrs == pytest.approx(reference_lrs)
+    staging = tmp_path / "runs" / "no-state" / ".acare-staging"
+    staged = staged_log.read_text().split()
+    assert [Path(p).name for p in staged] == [f"rank0-checkpoint_{k:07d}" for k in (4, 8, 12)]
+    assert all(Path(p).parent == staging for p in staged)
+    assert list(staging.iterdir()) == []  # staged copies removed once persisted, leftovers cleared
+
+
 def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir):
     config, result = reference
     changed = _config(task, tiny_qwen3_dir, config.output, "reference")
