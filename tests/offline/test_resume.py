@@ -170,8 +170,9 @@ def test_a_bad_candidate_text_is_named_with_its_index():
     texts[2] = b"\xff"
     candidates = table["candidates"].combine_chunks()
     structs = candidates.values
-    fields = [structs.field(n) for n in ("doc_id", "text", "first_stage_score", "relevance")]
-    fields[1] = invalid_utf8(texts)
+    names = [f.name for f in structs.type]
+    fields = [structs.field(n) for n in names]
+    fields[names.index("text")] = invalid_utf8(texts)
     new_structs = pa.StructArray.from_arrays(fields, fields=list(structs.type))
     new_candidates = pa.ListArray.from_arrays(candidates.offsets, new_structs)
     table = table.set_column(
