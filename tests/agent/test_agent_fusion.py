@@ -180,17 +180,22 @@ def test_fused_systems_are_named_and_configured(tmp_path, tiny_qwen3_copy):
 
 
 def test_the_cli_runs_a_fitted_fused_system(require_data, tiny_qwen3_copy, tmp_path):
-    """``acare agent-bench --model CKPT --fusion auto`` reports the fused system beside the
-    mode and BM25 (the documented command, on two tasks)."""
+    """``acare agent-bench --model CKPT --modes M3 --fusion auto --fusion rrf`` reports the
+    fused systems beside the mode and BM25 (docs/agent_bench.md's command, on two tasks)."""
     from acare_ray.cli import main
 
     require_data(data_dir() / "musique")
     write_fusion(tiny_qwen3_copy, FusionConfig("rrf", k=60, weight=0.3))
     out = tmp_path / "out"
     argv = ["agent-bench", "--tasks", "2", "--model", str(tiny_qwen3_copy), "--modes", "M3"]
-    argv += ["--fusion", "auto", "--device", "cpu", "--resamples", "50", "--out", str(out)]
-    assert main(argv) == 0
+    argv += ["--fusion", "auto", "--fusion", "rrf", "--device", "cpu", "--resamples", "50"]
+    assert main([*argv, "--out", str(out)]) == 0
     report = json.loads((out / "agent_bench.json").read_text())
-    assert list(report["systems"]) == ["bm25", "M3", "M3+rrf:k=60,weight=0.3"]
-    assert report["config"]["fusion"] == ["auto"]
+    assert list(report["systems"]) == [
+        "bm25",
+        "M3",
+        "M3+rrf:k=60,weight=0.3",
+        "M3+rrf:k=60,weight=0.5",
+    ]
+    assert report["config"]["fusion"] == ["auto", "rrf"]
     assert "| M3+rrf:k=60,weight=0.3 |" in (out / "agent_bench.md").read_text()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -361,3 +363,15 @@ def test_missing_first_stage_scores_rank_last_and_empty_requests_still_answer(se
         "/v2/rerank", json={"query": QUERY, "documents": [], "first_stage_scores": []}
     )
     assert empty.status_code == 200 and empty.json()["results"] == []
+
+
+def test_the_documented_fused_request_is_answered_fused(service):
+    """docs/online.md's first-stage example, posted as it is written."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "online.md").read_text()
+    (body,) = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", text, flags=re.S)]
+    response = client_for(service).post("/v2/rerank", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["meta"]["fusion"] == body["fusion"]
+    assert sorted(r["first_stage_rank"] for r in answer["results"]) == [1, 2, 3]
+    assert all("fused_score" in r for r in answer["results"])
