@@ -9,8 +9,9 @@ All three shapes accept the ACARe extension fields ``original_question``, ``reas
 ``mode``, and the first-stage fields ``first_stage_scores``, ``first_stage_order`` and
 ``fusion`` (:mod:`acare_ray.online.first_stage`: with a first stage the results follow the
 fused order; without one a response is exactly as before). Unknown fields are refused (422) so
-a misspelt context field never goes unnoticed; Cohere fields this server does not act on (``model``, ``max_chunks_per_doc``, ``priority``) are
-accepted so unmodified clients keep working.
+a misspelt context field never goes unnoticed; Cohere fields this server does not act on
+(``model``, ``max_chunks_per_doc``, ``priority``) are accepted so unmodified clients keep
+working.
 
 Usage: a Cohere response's ``meta.billed_units.search_units`` is 1 per request and
 ``meta.tokens.input_tokens`` the tokens the model scored for it (the prompt prefix counted once
