@@ -1,7 +1,8 @@
 """``acare agent-bench``: :class:`AgentBenchConfig` -> :func:`run` -> JSON + markdown + PNG.
 
-Each compared system (``bm25``, ``oracle``, or one reranker mode such as ``M3``) runs every task
-in closed-loop sessions (:mod:`acare_ray.agent.simulate`). Reported per system: task success
+Each compared system (``bm25``, ``oracle``, one reranker mode such as ``M3``, or a mode fused
+with the BM25 first stage such as ``M3+rrf:k=60,weight=0.5``) runs every task in closed-loop
+sessions (:mod:`acare_ray.agent.simulate`). Reported per system: task success
 rate, searches per task (mean over all tasks, and over the tasks every compared system solved),
 searches per solved step (searches spent on the steps that were solved / solved steps), session
 recall of the gold paragraphs, reranker time per task, search latency p50/p95/p99 (first stage +
@@ -28,9 +29,11 @@ from acare_ray.agent.rerankers import (
     OracleReranker,
     Reranker,
     ScorerReranker,
+    fusion_setting,
 )
 from acare_ray.agent.simulate import TaskResult, progress_printer, run_sessions
 from acare_ray.agent.tasks import SPLITS, Task, build_tasks, records_by_id, select_records
+from acare_ray.fusion import FusionConfig, resolve
 from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
 RERANKERS = ("none", "oracle", "model", "endpoint")
@@ -45,7 +48,8 @@ class AgentBenchConfig:
     of ``modes``) or ``endpoint`` (``endpoint`` URL in each of ``modes``). ``baseline`` adds the
     BM25 system beside an oracle, model or endpoint. ``task_ids``, when given, is the task list
     itself (MuSiQue ids, in that order) instead of a draw of ``tasks`` by ``seed`` from
-    ``split``."""
+    ``split``. ``fusion``: settings (text form, or ``auto``: the model's fitted one, or the
+    endpoint's) that each add the fused system ``<mode>+<setting>`` beside every mode."""
 
     out: str
     tasks: int = 100
@@ -69,6 +73,7 @@ class AgentBenchConfig:
     data_dir: str | None = None
     task_ids: tuple[str, ...] | None = None
     corpus: str = "all"
+    fusion: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
@@ -87,6 +92,13 @@ class AgentBenchConfig:
             bad = [m for m in self.modes if m not in MODES]
             if not self.modes or bad or len(set(self.modes)) != len(self.modes):
                 raise ValueError(f"--modes must be distinct values of {', '.join(MODES)}")
+        if self.fusion and self.reranker not in ("model", "endpoint"):
+            raise ValueError("--fusion goes with --model or --endpoint")
+        for setting in self.fusion:
+            try:
+                fusion_setting(setting)
+            except ValueError as err:
+                raise ValueError(f"--fusion {setting!r}: {err}") from None
         for name in ("tasks", "agents", "budget", "depth", "first_stage_k", "n_resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -96,6 +108,7 @@ class AgentBenchConfig:
         out = asdict(self)
         out.pop("api_key")
         out["modes"] = list(self.modes)
+        out["fusion"] = list(self.fusion)
         if self.task_ids is not None:
             out["task_ids"] = list(self.task_ids)
         return out
@@ -115,15 +128,37 @@ def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker
         options = {}
         if config.max_batch_tokens is not None:
             options["max_batch_tokens"] = config.max_batch_tokens
+        fusions = model_fusions(config)
         scorer = Scorer.from_pretrained(config.model, device=config.device, **options)
         lock = threading.Lock()
-        systems += [ScorerReranker(scorer, mode, lock) for mode in config.modes]
+        for mode in config.modes:
+            systems.append(ScorerReranker(scorer, mode, lock))
+            systems += [ScorerReranker(scorer, mode, lock, fusion) for fusion in fusions]
     elif config.reranker == "endpoint":
-        systems += [
-            EndpointReranker(config.endpoint, mode, config.endpoint_model, config.api_key)
-            for mode in config.modes
-        ]
+        settings = list(dict.fromkeys(filter(None, map(fusion_setting, config.fusion))))
+        for mode in config.modes:
+            for fusion in [None, *settings]:
+                systems.append(
+                    EndpointReranker(
+                        config.endpoint, mode, config.endpoint_model, config.api_key, fusion=fusion
+                    )
+                )
     return systems
+
+
+def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
+    """The in-process fused settings, ``auto`` resolved to the model's fitted one, once each."""
+    from acare_ray.training.checkpoint import read_fusion
+
+    fitted = read_fusion(config.model) if "auto" in map(str.strip, config.fusion) else None
+    out: list[FusionConfig] = []
+    for setting in config.fusion:
+        if setting.strip() == "auto" and fitted is None:
+            raise ValueError(f"--fusion auto: {config.model} has no fitted fusion (acare.json)")
+        fusion = resolve(setting, fitted)
+        if fusion.enabled and fusion not in out:
+            out.append(fusion)
+    return out
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:

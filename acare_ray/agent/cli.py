@@ -45,6 +45,7 @@ def agent_bench_command(args: argparse.Namespace) -> int:
             progress_every=args.progress_every,
             task_ids=task_ids,
             corpus=args.corpus,
+            fusion=tuple(args.fusion or ()),
         )
         report = run(config)
     except (ValueError, OSError) as err:
@@ -80,6 +81,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--reranker", default=None, choices=["none", "oracle"])
     bench.add_argument("--modes", default="auto", help="modes for --model/--endpoint: M0,M2,M3")
     bench.add_argument("--endpoint-model", default="acare", help="`model` field sent")
+    bench.add_argument(
+        "--fusion",
+        action="append",
+        default=None,
+        help="also run each mode fused with the BM25 first stage: rrf[:k=60,weight=0.5], "
+        "linear[:alpha=0.5] or auto (the checkpoint's fitted setting; at --endpoint, the "
+        "server's); repeatable. --endpoint sends first_stage_scores and fusion",
+    )
     bench.add_argument(
         "--no-baseline", action="store_true", help="do not add the BM25 system beside the reranker"
     )

@@ -1,8 +1,8 @@
 """The rerankers an agent-bench session can call, behind one small protocol.
 
 A reranker gets one search (:class:`RerankRequest`: the sub-query, the agent's original question
-and reasoning, the candidates in first-stage order) and returns the indices of its best
-``top_n`` candidates, best first. Implementations:
+and reasoning, the candidates in first-stage order with their first-stage scores) and returns
+the indices of its best ``top_n`` candidates, best first. Implementations:
 
 - :class:`FirstStage`: BM25 order (the baseline, ``--reranker none``);
 - :class:`OracleReranker`: the step's supporting paragraph first, then BM25 order (tests, and an
@@ -10,6 +10,11 @@ and reasoning, the candidates in first-stage order) and returns the indices of i
 - :class:`ScorerReranker`: an in-process :class:`~acare_ray.scorer.Scorer` in one mode;
 - :class:`EndpointReranker`: any Cohere-compatible ``POST {url}/v2/rerank`` with the ACARe
   fields ``original_question``, ``reasoning`` and ``mode`` as extra body fields.
+
+Both model rerankers take an optional fusion (a fused system, named ``<mode>+<setting>``): in
+process, :func:`acare_ray.fusion.fuse` of the scorer's log-odds with the request's first-stage
+scores; at an endpoint, the request's ``first_stage_scores`` and ``fusion`` go in the body and
+the server fuses (docs/online.md).
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from acare_ray.context import AgentContext
+from acare_ray.fusion import FusionConfig, fuse
 
 
 @dataclass(frozen=True)
 class RerankRequest:
-    """One agent search. ``task_id`` and ``step`` (0-based) identify it (the oracle uses them)."""
+    """One agent search. ``task_id`` and ``step`` (0-based) identify it (the oracle uses them).
+
+    ``documents`` come in first-stage (BM25) order; ``first_stage_scores`` are their BM25
+    scores (empty when unknown: then the order alone is the first stage)."""
 
     query: str
     question: str
@@ -34,6 +43,7 @@ class RerankRequest:
     doc_ids: tuple[str, ...]
     task_id: str = ""
     step: int = 0
+    first_stage_scores: tuple[float, ...] = ()
 
 
 class Reranker(Protocol):
@@ -88,17 +98,26 @@ class OracleReranker:
 
 
 class ScorerReranker:
-    """An in-process :class:`~acare_ray.scorer.Scorer` in ``mode`` (M0..M3 or auto).
+    """An in-process :class:`~acare_ray.scorer.Scorer` in ``mode`` (M0..M3 or auto); with an
+    enabled ``fusion``, its log-odds fused with the request's first stage (name
+    ``<mode>+<fusion label>``).
 
     Calls are serialised by ``lock`` (one model, and Hugging Face tokenizers are not safe to
     share between threads); each search is scored alone, so scores do not depend on which other
     sessions are in flight. Share one lock between rerankers that share a scorer.
     """
 
-    def __init__(self, scorer: Any, mode: str = "auto", lock: threading.Lock | None = None):
+    def __init__(
+        self,
+        scorer: Any,
+        mode: str = "auto",
+        lock: threading.Lock | None = None,
+        fusion: FusionConfig | None = None,
+    ):
         self.scorer = scorer
         self.mode = mode
-        self.name = mode
+        self.fusion = fusion if fusion is not None and fusion.enabled else None
+        self.name = f"{mode}+{self.fusion.label}" if self.fusion else mode
         self.lock = lock or threading.Lock()
 
     def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
@@ -114,9 +133,27 @@ class ScorerReranker:
         with self.lock:
             stats = getattr(self.scorer, "stats", None)
             before = stats.real_tokens if stats is not None else 0
-            ranking = self.scorer.rank(context, list(request.documents), self.mode, top_k=top_n)
+            if self.fusion is None:
+                ranking = self.scorer.rank(context, list(request.documents), self.mode, top_k=top_n)
+                indices = ranking.indices
+            else:
+                scores = self.scorer.score(context, list(request.documents), self.mode)
             tokens = (stats.real_tokens - before) if stats is not None else 0
-        return [int(i) for i in ranking.indices], int(tokens)
+        if self.fusion is not None:
+            first_stage = list(request.first_stage_scores) or None
+            indices = fuse(scores, self.fusion, first_stage).order[:top_n]
+        return [int(i) for i in indices], int(tokens)
+
+
+def fusion_setting(text: str | None) -> str | None:
+    """A fused system's setting: ``auto`` kept (the endpoint's fitted one), another setting as
+    its canonical label, None for no fusion (``None``, ``none``, or a setting that is none)."""
+    if text is None or text.strip() == "none":
+        return None
+    if text.strip() == "auto":
+        return "auto"
+    config = FusionConfig.parse(text)
+    return config.label if config.enabled else None
 
 
 class EndpointError(RuntimeError):
@@ -125,6 +162,10 @@ class EndpointError(RuntimeError):
 
 class EndpointReranker:
     """``POST {url}/v2/rerank`` (Cohere v2 body + ``original_question``, ``reasoning``, ``mode``).
+
+    With ``fusion`` (a setting's text form, or ``auto`` for the server's fitted one) the body
+    also carries the request's ``first_stage_scores`` (or ``first_stage_order: true`` when it
+    has none) and ``fusion``, and the system is named ``<mode>+<fusion>``.
 
     503 and 429 answers (an overloaded server asking to come back later) are retried after
     their ``Retry-After`` (default 1 s) for as long as ``retry_budget_s`` allows, counted from
@@ -143,12 +184,14 @@ class EndpointReranker:
         timeout_s: float = 120.0,
         retries: int = 5,
         retry_budget_s: float = 600.0,
+        fusion: str | None = None,
     ) -> None:
         import httpx
 
         self.url = url.rstrip("/") + "/v2/rerank"
         self.mode = mode
-        self.name = mode
+        self.fusion = fusion_setting(fusion)
+        self.name = f"{mode}+{self.fusion}" if self.fusion else mode
         self.model = model
         self.retries = retries
         self.retry_budget_s = retry_budget_s
@@ -167,7 +210,15 @@ class EndpointReranker:
             "original_question": request.question,
             "reasoning": request.reasoning,
             "mode": self.mode,
-        }
+        } | (self.first_stage(request) if self.fusion else {})
+
+    def first_stage(self, request: RerankRequest) -> dict[str, Any]:
+        """The fusion fields of a fused system's body."""
+        if request.first_stage_scores:
+            first: dict[str, Any] = {"first_stage_scores": list(request.first_stage_scores)}
+        else:
+            first = {"first_stage_order": True}
+        return first | {"fusion": self.fusion}
 
     def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
         return self.rerank_counted(request, top_n)[0]

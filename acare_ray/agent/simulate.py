@@ -16,7 +16,8 @@ found so far, plus one sentence per failed attempt of this step); sentences that
 current step's answer are left out, so the trace never reveals it.
 
 A search is BM25 top-``first_stage_k`` over the corpus, minus the documents this session already
-returned, then the reranker, then its top ``depth``: no document is returned twice in a session.
+returned (in BM25 order, with their BM25 scores for fused rerankers), then the reranker, then its
+top ``depth``: no document is returned twice in a session.
 (Dropping seen candidates before reranking gives a pointwise reranker the same ranking as
 dropping them after, and spares it the work.) After a search the step is solved when its
 supporting paragraph has been returned in the session (by this search or an earlier one: the
@@ -156,15 +157,19 @@ def run_task(
             query = reformulate(task, k, answers, attempt, corpus)
             reasoning = agent_reasoning(task, k, answers, failed)
             start = time.perf_counter()
-            positions = [
-                p for p in corpus.search(query, first_stage_k) if corpus.ids[p] not in seen
+            hits = [
+                (p, s)
+                for p, s in zip(*corpus.search(query, first_stage_k))
+                if corpus.ids[p] not in seen
             ]
+            positions = [p for p, _ in hits]
             request = RerankRequest(
                 query=query,
                 question=task.question,
                 reasoning=reasoning,
                 documents=tuple(corpus.texts[p] for p in positions),
                 doc_ids=tuple(corpus.ids[p] for p in positions),
+                first_stage_scores=tuple(s for _, s in hits),
                 task_id=task.task_id,
                 step=k,
             )

@@ -96,18 +96,22 @@ class Corpus:
         self.index = BM25Index(self.texts)
         self.document_frequency = Counter(t for doc in _tokens(self.texts) for t in set(doc))
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._cache: dict[tuple[str, int], tuple[tuple[int, ...], tuple[float, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def search(self, query: str, k: int) -> tuple[int, ...]:
-        """Positions of the BM25 top-``k`` for ``query``, best first (same answer every call)."""
+    def search(self, query: str, k: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """``(positions, scores)`` of the BM25 top-``k`` for ``query``, best first (same answer
+        every call): the first stage's order and its scores, which fused rerankers use."""
         with self._lock:
             key = (query, k)
             if key not in self._cache:
-                positions, _ = self.index.search([query], k)
-                self._cache[key] = tuple(int(p) for p in np.asarray(positions)[0])
+                positions, scores = self.index.search([query], k)
+                self._cache[key] = (
+                    tuple(int(p) for p in np.asarray(positions)[0]),
+                    tuple(float(s) for s in np.asarray(scores)[0]),
+                )
             return self._cache[key]
 
     def specific_terms(self, text: str) -> tuple[str, ...]:

@@ -6,9 +6,12 @@ Cohere ``relevance_score`` and TEI ``score`` are ``sigmoid(s)`` in 0..1; TEI wit
 scores in input order.
 
 All three shapes accept the ACARe extension fields ``original_question``, ``reasoning`` and
-``mode``. Unknown fields are refused (422) so a misspelt context field never goes unnoticed;
-Cohere fields this server does not act on (``model``, ``max_chunks_per_doc``, ``priority``) are
-accepted so unmodified clients keep working.
+``mode``, and the first-stage fields ``first_stage_scores``, ``first_stage_order`` and
+``fusion`` (:mod:`acare_ray.online.first_stage`: with a first stage the results follow the
+fused order; without one a response is exactly as before). Unknown fields are refused (422) so
+a misspelt context field never goes unnoticed; Cohere fields this server does not act on
+(``model``, ``max_chunks_per_doc``, ``priority``) are accepted so unmodified clients keep
+working.
 
 Usage: a Cohere response's ``meta.billed_units.search_units`` is 1 per request and
 ``meta.tokens.input_tokens`` the tokens the model scored for it (the prompt prefix counted once
@@ -27,6 +30,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, m
 from pydantic_core import PydanticCustomError
 from scipy.special import expit
 
+from acare_ray.online.first_stage import FirstStageFields, FusedScores
 from acare_ray.online.service import ScoringJob, Search
 from acare_ray.scorer import rank_order
 
@@ -81,7 +85,7 @@ class AgentFields(BaseModel):
     )
 
 
-class CohereRerankRequest(AgentFields):
+class CohereRerankRequest(AgentFields, FirstStageFields):
     """Cohere rerank body (v1 and v2 share it; v2 defaults ``max_tokens_per_doc`` to 4096)."""
 
     model: str | None = Field(
@@ -161,8 +165,10 @@ class CohereRerankRequest(AgentFields):
         return doc.model_dump(exclude_none=True)
 
 
-class TeiRerankRequest(AgentFields):
+class TeiRerankRequest(AgentFields, FirstStageFields):
     """text-embeddings-inference ``/rerank`` body."""
+
+    documents_field = "texts"
 
     query: str = Field(description="The search query the agent sent (the sub-query).")
     texts: list[StrictStr] = Field(description="The documents.")
@@ -210,11 +216,20 @@ class RerankMeta(BaseModel):
     model: str = Field(description="The served model.")
     mode: str = Field(description="The mode the model read (M0..M3).")
     warnings: list[str] | None = None
+    fusion: str | None = Field(
+        None, description="The fusion setting used (only when the request gave a first stage)."
+    )
 
 
 class RerankResult(BaseModel):
     index: int = Field(description="Position of the document in the request.")
     relevance_score: float = Field(description="sigmoid(log-odds) in 0..1.")
+    fused_score: float | None = Field(
+        None, description="The fused value the order follows (only when fused)."
+    )
+    first_stage_rank: int | None = Field(
+        None, description="1-based first-stage rank (only when the request gave a first stage)."
+    )
     document: dict[str, Any] | None = None
 
 
@@ -227,6 +242,8 @@ class RerankResponse(BaseModel):
 class TeiRank(BaseModel):
     index: int
     score: float = Field(description="sigmoid(log-odds), or log-odds with raw_scores.")
+    fused_score: float | None = None
+    first_stage_rank: int | None = None
     text: str | None = None
 
 
@@ -253,13 +270,18 @@ def cohere_response(
     version: str,
     model: str,
     tokens: int = 0,
+    fused: FusedScores | None = None,
 ) -> RerankResponse:
-    order = rank_order(scores, request.top_n)
+    """``fused``: the request's fusion (:func:`~acare_ray.online.first_stage.fuse_request`);
+    None answers by log-odds alone, as without the first-stage fields."""
+    order = rank_order(scores, request.top_n) if fused is None else fused.top(request.top_n)
     probabilities = relevance(scores)
     results = [
         RerankResult(
             index=int(i),
             relevance_score=float(probabilities[i]),
+            fused_score=fused.fused_score(int(i)) if fused else None,
+            first_stage_rank=fused.first_stage_rank(int(i)) if fused else None,
             document=request.document_payload(int(i)) if request.return_documents else None,
         )
         for i in order
@@ -273,17 +295,22 @@ def cohere_response(
             model=model,
             mode=job.mode.value,
             warnings=truncation_warnings(job, "documents"),
+            fusion=fused.config.label if fused else None,
         ),
     )
 
 
-def tei_response(request: TeiRerankRequest, scores: np.ndarray) -> list[TeiRank]:
+def tei_response(
+    request: TeiRerankRequest, scores: np.ndarray, fused: FusedScores | None = None
+) -> list[TeiRank]:
     values = np.asarray(scores, dtype=np.float64) if request.raw_scores else relevance(scores)
     return [
         TeiRank(
             index=int(i),
             score=float(values[i]),
+            fused_score=fused.fused_score(int(i)) if fused else None,
+            first_stage_rank=fused.first_stage_rank(int(i)) if fused else None,
             text=request.texts[i] if request.return_text else None,
         )
-        for i in rank_order(scores)
+        for i in (rank_order(scores) if fused is None else fused.top())
     ]

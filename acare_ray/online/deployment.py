@@ -219,9 +219,13 @@ class Reranker:
 
     def __init__(self, args: dict[str, Any]) -> None:
         from acare_ray.scorer import Scorer
+        from acare_ray.training.checkpoint import read_fusion
 
         config = AppArgs.model_validate(args)
         config.api_keys()
+        # What `fusion: auto` means for this replica: the setting fitted for its checkpoint,
+        # read once (a bad stored setting stops the replica before the model loads).
+        self.fitted_fusion = read_fusion(config.model)
         options = {
             "max_length": config.max_length,
             "max_batch_tokens": config.forward_batch_tokens,
@@ -276,6 +280,7 @@ class Reranker:
             status=self.status,
             screen=self.screen,
             healthy=lambda: self.healthy,
+            fitted_fusion=self.fitted_fusion,
         )
 
     async def check_health(self) -> None:

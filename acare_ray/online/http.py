@@ -41,6 +41,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from acare_ray.fusion import FusionConfig
 from acare_ray.online.admission import Overloaded
 from acare_ray.online.api import (
     COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC,
@@ -51,6 +52,7 @@ from acare_ray.online.api import (
     cohere_response,
     tei_response,
 )
+from acare_ray.online.first_stage import FirstStageFields, FusedScores, fuse_request
 from acare_ray.online.service import ClientError, RerankService, ScoringJob, Search, bounded
 
 CREATED = int(time.time())
@@ -256,11 +258,14 @@ def create_api(
     status: Callable[[], dict[str, Any]] | None = None,
     screen: ScreenFn | None = None,
     healthy: Callable[[], bool] | None = None,
+    fitted_fusion: FusionConfig | None = None,
 ) -> FastAPI:
     """The HTTP app; ``score(job, client)`` scores one prepared job (batched by the caller if it
     wants) or raises :class:`Overloaded`; ``screen`` refuses work before a request body is
     read; ``api_key`` is one key or several (any of them is accepted; each is a client of its
-    own for fairness); ``healthy`` says whether ``/health`` answers ok."""
+    own for fairness); ``healthy`` says whether ``/health`` answers ok; ``fitted_fusion`` is the
+    served checkpoint's fitted fusion, what ``fusion: auto`` means (see
+    :mod:`acare_ray.online.first_stage`)."""
     model = service.model_name
     keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
     cohere_body = _with_max_items(CohereRerankRequest, "documents", service.limits.max_documents)
@@ -307,6 +312,13 @@ def create_api(
         response.headers["x-acare-tokens"] = str(tokens)
         return job, scored.scores, tokens
 
+    def fused(body: FirstStageFields, scores: np.ndarray, response: Response) -> FusedScores | None:
+        """The request's fusion with its first stage (None without one: answered as before)."""
+        out = fuse_request(body, scores, fitted_fusion)
+        if out is not None:
+            response.headers["x-acare-fusion"] = out.config.label
+        return out
+
     async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
         default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
         job, scores, tokens = await run(body.search(default), request, response)
@@ -318,6 +330,7 @@ def create_api(
             version=version,
             model=model,
             tokens=tokens,
+            fused=fused(body, scores, response),
         )
 
     async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
@@ -332,7 +345,7 @@ def create_api(
         """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
         tokens scored are in the `x-acare-tokens` header."""
         _, scores, _ = await run(body.search(), request, response)
-        return tei_response(body, scores)
+        return tei_response(body, scores, fused(body, scores, response))
 
     # The body models are built per app (max_documents), so the annotations are set here.
     for route, body_model in (

@@ -17,6 +17,7 @@ from acare_ray.agent.rerankers import EndpointReranker, ScorerReranker
 from acare_ray.agent.simulate import run_sessions
 from acare_ray.agent.tasks import build_tasks, select_records
 from acare_ray.data.io import data_dir
+from acare_ray.fusion import FusionConfig
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +77,11 @@ def test_endpoint_gives_the_same_per_task_results_as_in_process(served, require_
 
     require_data(data_dir() / "musique")
     tasks, corpus = build_tasks(select_records(load_musique(), 4, seed=0))
-    for mode in ("M0", "M3"):
-        local, _ = run_sessions(tasks, corpus, ScorerReranker(tiny_scorer, mode))
-        remote = EndpointReranker(served, mode=mode)
+    # The fused system (issue 20 part 2f): the endpoint gets the BM25 scores and fuses them.
+    for mode, fusion in (("M0", None), ("M3", None), ("M3", "rrf:k=5,weight=0.5")):
+        config = FusionConfig.parse(fusion) if fusion else None
+        local, _ = run_sessions(tasks, corpus, ScorerReranker(tiny_scorer, mode, fusion=config))
+        remote = EndpointReranker(served, mode=mode, fusion=fusion)
         try:
             one, _ = run_sessions(tasks, corpus, remote, agents=1)
             four, _ = run_sessions(tasks, corpus, remote, agents=4)

@@ -4,8 +4,9 @@ overload.
 Three applications are deployed once for the module, from ``serve_configs/local.yaml`` through
 the same config path ``serve run <config>`` and ``serve deploy`` take:
 
-- ``main`` at ``/``: the tiny Qwen3 saved as a trainer checkpoint (with ``acare.json``), no
-  auth, small body and document limits;
+- ``main`` at ``/``: the tiny Qwen3 saved as a trainer checkpoint (with ``acare.json`` and a
+  fitted fusion, which requests without first-stage fields must not notice), no auth, small
+  body and document limits;
 - ``guarded`` at ``/guarded``: bearer key from an environment variable, and a tiny Serve queue
   (``max_ongoing_requests=2``, ``max_queued_requests=1``) whose batches wait 1.5 s for requests
   that can never arrive (2 < ``max_batch_size``), so a burst deterministically overflows
@@ -35,7 +36,9 @@ import yaml
 from scipy.special import expit
 
 from acare_ray.context import AgentContext, Mode
+from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
+from acare_ray.training.checkpoint import read_fusion, write_fusion
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +64,7 @@ DOCUMENTS = [
     "Velmoria is a small country.",
 ]
 FULL = AgentContext(QUERY, question=QUESTION, reasoning=REASONING)
+FITTED = FusionConfig("linear", alpha=0.3)
 
 
 def free_port() -> int:
@@ -142,9 +146,11 @@ def deploy(config: dict, timeout_s: float = 300) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_qwen3_dir, tiny_scorer, tmp_path_factory) -> Path:
-    """The tiny model as the trainer saves it: HF weights + tokenizer + ``acare.json``."""
+    """The tiny model as the trainer saves it: HF weights + tokenizer + ``acare.json``, with a
+    fusion stored the way ``acare fit-fusion`` stores it."""
     folder = Path(shutil.copytree(tiny_qwen3_dir, tmp_path_factory.mktemp("ckpt") / "final"))
     (folder / ACARE_CONFIG_FILE).write_text(json.dumps(tiny_scorer.acare_config()))
+    write_fusion(folder, FITTED, {"measure": "nDCG@10", "note": "test fixture"})
     return folder
 
 
@@ -668,3 +674,36 @@ def test_the_documented_curl_requests_succeed(http):
         response = http.post(path, json=payload)
         assert response.status_code == 200, response.text
         assert response.headers["x-acare-mode"] in ("M2", "M3")
+
+
+def test_the_served_checkpoints_fitted_fusion_is_the_default(http, checkpoint):
+    """Issue 20 part 2e: the fusion stored with the checkpoint (read once at replica start) is
+    what a request with a first stage and no ``fusion`` gets; the served order equals fuse() of
+    the served log-odds by hand, and ``fusion: none`` turns it off for one request."""
+    assert read_fusion(checkpoint) == FITTED
+    first_stage = [0.5, 4.0, 2.5, None, 9.0, 1.0]
+    body = {"query": QUERY, "texts": DOCUMENTS, "raw_scores": True}
+    tei = http.post("/rerank", json=body | {"first_stage_scores": first_stage})
+    assert tei.status_code == 200, tei.text
+    assert tei.headers["x-acare-fusion"] == FITTED.label
+    answer = tei.json()
+    scores = np.empty(len(DOCUMENTS))
+    for r in answer:
+        scores[r["index"]] = r["score"]
+    fused = fuse(scores, FITTED, first_stage)
+    assert [r["index"] for r in answer] == [int(i) for i in fused.order]
+    assert [r["fused_score"] for r in answer] == [float(fused.values[i]) for i in fused.order]
+    assert [r["first_stage_rank"] for r in answer] == [
+        int(fused.first_stage_rank[i]) for i in fused.order
+    ]
+    cohere_body = {"query": QUERY, "documents": DOCUMENTS, "first_stage_scores": first_stage}
+    v2 = http.post("/v2/rerank", json=cohere_body).json()
+    assert v2["meta"]["fusion"] == FITTED.label
+    assert [r["index"] for r in v2["results"]] == [int(i) for i in fused.order]
+    off = http.post("/v2/rerank", json=cohere_body | {"fusion": "none"}).json()
+    assert off["meta"]["fusion"] == "none"
+    assert all("fused_score" not in r for r in off["results"])
+    # Without a first stage nothing is fused, fitted setting or not.
+    plain = http.post("/v2/rerank", json={"query": QUERY, "documents": DOCUMENTS})
+    assert "fusion" not in plain.json()["meta"] and "x-acare-fusion" not in plain.headers
+    assert all(set(r) == {"index", "relevance_score"} for r in plain.json()["results"])
