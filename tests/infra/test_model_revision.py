@@ -219,7 +219,10 @@ def test_serve_app_revision_reaches_from_pretrained(recorded):
         and not inspect.iscoroutinefunction(k.__init__)
     ]
     with pytest.raises(Loaded):
-        own.__init__(object.__new__(own), {"model": REPO_ID, "revision": COMMIT_A})
+        own.__init__(
+            object.__new__(own),
+            {"model": REPO_ID, "revision": COMMIT_A, "allow_unauthenticated": True},
+        )
     assert recorded[-1]["model"] == REPO_ID and recorded[-1]["revision"] == COMMIT_A
 
 
