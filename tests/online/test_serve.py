@@ -12,7 +12,7 @@ the same config path ``serve run <config>`` and ``serve deploy`` take:
   Serve's backstop;
 - ``burst`` at ``/burst``: one replica with a 2 s admission deadline and room in Serve's queue
   for the whole burst, so only admission by expected wait refuses work;
-- ``fair`` at ``/fair``: two API keys (two clients), a 4 s admission deadline, each client
+- ``fair`` at ``/fair``: two API keys (two clients), a 3 s admission deadline, each client
   holding at most half of it (``client_share``), small requests (``max_documents`` and
   ``max_request_tokens``), for the load test of fair shares;
 - ``cancel`` at ``/cancel``: keyed, with a small forward batch (``forward_batch_tokens``), so
@@ -59,8 +59,8 @@ KEY_A, KEY_B = "key-a-floods", "key-b-behaves"
 FAIR_DEADLINE_S = 3.0
 FAIR_SHARE = 0.5
 FAIR_DOCUMENTS = 16
-FAIR_MAX_TOKENS = 2000
-FAIR_FLOODERS = 24
+FAIR_MAX_TOKENS = 8000
+FAIR_FLOODERS = 48
 FAIR_B_REQUESTS = 16
 CANCEL_FORWARD_TOKENS = 128
 CANCEL_DOCUMENTS = 100
@@ -822,9 +822,9 @@ def test_a_client_flooding_maximal_requests_cannot_push_another_past_its_deadlin
     b_refusals: list[tuple[int, str | None]] = []
     try:
         with httpx.Client(base_url=base, timeout=60) as client:
-            # B starts once A holds its share: A has been refused for it at least once.
+            # B starts once A holds all it may: A has been refused at least once.
             waited = time.monotonic()
-            while not any(status == 429 for status, *_ in a_outcomes):
+            while all(status == 200 for status, *_ in a_outcomes):
                 assert time.monotonic() - waited < 60, a_outcomes[-5:]
                 time.sleep(0.05)
             for _ in range(FAIR_B_REQUESTS):
