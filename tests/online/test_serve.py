@@ -12,7 +12,12 @@ the same config path ``serve run <config>`` and ``serve deploy`` take:
   that can never arrive (2 < ``max_batch_size``), so a burst deterministically overflows
   Serve's backstop;
 - ``burst`` at ``/burst``: one replica with a 2 s admission deadline and room in Serve's queue
-  for the whole burst, so only admission by expected wait refuses work.
+  for the whole burst, so only admission by expected wait refuses work;
+- ``fair`` at ``/fair``: two API keys (two clients), a 3 s admission deadline, each client
+  holding at most half of it (``client_share``), small requests (``max_documents`` and
+  ``max_request_tokens``), for the load test of fair shares;
+- ``cancel`` at ``/cancel``: keyed, with a small forward batch (``forward_batch_tokens``), so
+  a large request takes many forward passes and a disconnect can stop it midway.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import json
+import math
 import random
 import re
 import shutil
@@ -51,6 +57,17 @@ GUARDED_WAIT_S = 1.5
 BURST_DEADLINE_S = 2.0
 BURST_REQUESTS = 40
 BURST_DOCUMENTS = 100
+FAIR_KEYS_ENV = "ACARE_TEST_FAIR_KEYS"
+KEY_A, KEY_B = "key-a-floods", "key-b-behaves"
+FAIR_DEADLINE_S = 3.0
+FAIR_SHARE = 0.5
+FAIR_DOCUMENTS = 16
+FAIR_MAX_TOKENS = 8000
+FAIR_FLOODERS = 48
+FAIR_B_REQUESTS = 16
+CANCEL_FORWARD_TOKENS = 128
+CANCEL_DOCUMENTS = 100
+CANCEL_DOCUMENT_BYTES = 800
 
 QUERY = "capital population"
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
@@ -115,7 +132,47 @@ def make_config(checkpoint: Path, port: int) -> dict:
             "client_share": 1.0,
         },
     )
-    config["applications"] = [main, guarded, burst]
+    fair = copy.deepcopy(guarded)
+    fair.update(
+        name="fair",
+        route_prefix="/fair",
+        runtime_env={"env_vars": {FAIR_KEYS_ENV: f"{KEY_A},{KEY_B}"}},
+    )
+    fair["args"].update(
+        api_key_env=FAIR_KEYS_ENV,
+        max_documents=FAIR_DOCUMENTS,
+        max_body_bytes=1_000_000,
+        max_request_tokens=FAIR_MAX_TOKENS,
+    )
+    fair["deployments"][0].update(
+        max_ongoing_requests=64,
+        max_queued_requests=64,
+        user_config={
+            "max_batch_size": 4,
+            "batch_wait_timeout_s": 0.005,
+            "max_batch_tokens": 65536,
+            "admission_deadline_s": FAIR_DEADLINE_S,
+            "admission_prior_tokens_per_s": 2000,
+            "client_share": FAIR_SHARE,
+            # The hard stop is twice the admission deadline, so a late answer is seen as late
+            # (its latency measured) instead of being cut into a 504 at the deadline itself.
+            "request_deadline_s": 2 * FAIR_DEADLINE_S,
+        },
+    )
+    cancel = copy.deepcopy(fair)
+    cancel.update(name="cancel", route_prefix="/cancel")
+    cancel["args"].update(
+        max_documents=BURST_DOCUMENTS,
+        max_request_tokens=1_000_000,
+        forward_batch_tokens=CANCEL_FORWARD_TOKENS,
+    )
+    cancel["deployments"][0]["user_config"] = {
+        "max_batch_size": 4,
+        "batch_wait_timeout_s": 0.005,
+        "admission_deadline_s": 60,
+        "request_deadline_s": 110,
+    }
+    config["applications"] = [main, guarded, burst, fair, cancel]
     return config
 
 
@@ -707,3 +764,234 @@ def test_the_served_checkpoints_fitted_fusion_is_the_default(http, checkpoint):
     plain = http.post("/v2/rerank", json={"query": QUERY, "documents": DOCUMENTS})
     assert "fusion" not in plain.json()["meta"] and "x-acare-fusion" not in plain.headers
     assert all(set(r) == {"index", "relevance_score"} for r in plain.json()["results"])
+
+
+def fair_request(
+    scorer: Scorer, documents: int = FAIR_DOCUMENTS, extra_bytes: int = 0, seed: int = 0
+) -> dict:
+    """A maximal request for the ``fair`` app: ``documents`` digit strings (one token per byte,
+    the most work per byte the token bound allows) as long as ``max_request_tokens`` allows,
+    plus ``extra_bytes`` on the last document (1: one byte over the cap)."""
+    from acare_ray.online.service import Limits, RerankService, Search
+
+    service = RerankService(scorer, "fair", Limits(max_request_tokens=FAIR_MAX_TOKENS))
+    rng = random.Random(seed)
+
+    def texts(length: int) -> list[str]:
+        return ["".join(rng.choice("0123456789") for _ in range(length)) for _ in range(documents)]
+
+    def bound(length: int) -> int:
+        return service.token_bound(Search(QUERY, ["0" * length] * documents), Mode.M0)
+
+    length = 1
+    while bound(length + 1) <= FAIR_MAX_TOKENS:
+        length += 1
+    docs = texts(length)
+    for i in range(FAIR_MAX_TOKENS - bound(length)):  # fewer than `documents`: one byte each
+        docs[i] += "7"
+    docs[-1] += "7" * extra_bytes
+    exact = service.token_bound(Search(QUERY, docs), Mode.M0)
+    assert exact == FAIR_MAX_TOKENS + extra_bytes, exact
+    return {"query": QUERY, "texts": docs}
+
+
+def keyed(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (the value ``q`` of the samples are at or below)."""
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
+
+
+def test_a_client_flooding_maximal_requests_cannot_push_another_past_its_deadline(served, scorer):
+    """Issue 21 (done when: load test). Client A (one API key) floods the ``fair`` replica with
+    maximal requests from many threads, each sending its next one as soon as the last is
+    answered (or once ``Retry-After`` has passed after a refusal); client B (another key) sends ordinary requests one after another meanwhile.
+
+    What the fair share guarantees, and what is asserted: A holds at most ``client_share`` of
+    the admission deadline's work (beyond it 429), so B, holding nothing when it sends, is
+    never rate limited and finds at most A's share (and one of A's requests) ahead of it. So
+    every B request is answered 200 (after retrying a 503 with ``Retry-After``, should one
+    come), B's p95 latency stays under the admission deadline the app is configured with
+    (without the share, A keeps the queue at the deadline and B waits past it), A gets 429s
+    while A is not starved either, and the replica's queue drains afterwards."""
+    base = served["base"] + "/fair"
+    maximal = fair_request(scorer)
+    with httpx.Client(base_url=base, timeout=60) as client:
+        # Maximal: one byte or one document more is refused (413) by the same app.
+        over = fair_request(scorer, extra_bytes=1)
+        assert client.post("/rerank", json=over, headers=keyed(KEY_A)).status_code == 413
+        more = fair_request(scorer, documents=FAIR_DOCUMENTS + 1)
+        assert client.post("/rerank", json=more, headers=keyed(KEY_A)).status_code == 413
+        assert client.post("/rerank", json=maximal, headers=keyed(KEY_A)).status_code == 200
+        b_body = {"query": QUERY, "texts": DOCUMENTS[:4], "raw_scores": True}
+        alone = []
+        for _ in range(3):  # B's latency with the replica to itself, for the report
+            sent = time.monotonic()
+            assert client.post("/rerank", json=b_body, headers=keyed(KEY_B)).status_code == 200
+            alone.append(time.monotonic() - sent)
+        before = client.get("/v1/status", headers=keyed(KEY_B)).json()
+    assert before["admission"]["measured"] and before["admission"]["queued_tokens"] == 0
+
+    stop = threading.Event()
+    a_outcomes: list[tuple[int, float, str | None]] = []
+
+    def flood(seed: int) -> None:
+        body = fair_request(scorer, seed=seed)
+        with httpx.Client(base_url=base, timeout=60) as client:
+            while not stop.is_set():
+                sent = time.monotonic()
+                response = client.post("/rerank", json=body, headers=keyed(KEY_A))
+                a_outcomes.append(
+                    (
+                        response.status_code,
+                        time.monotonic() - sent,
+                        response.headers.get("retry-after"),
+                    )
+                )
+                if response.status_code != 200:  # refused: back when Retry-After says
+                    stop.wait(int(response.headers.get("retry-after", "1")))
+
+    flooders = [threading.Thread(target=flood, args=(seed,)) for seed in range(FAIR_FLOODERS)]
+    for thread in flooders:
+        thread.start()
+    b_latencies: list[float] = []
+    b_refusals: list[tuple[int, str | None]] = []
+    try:
+        with httpx.Client(base_url=base, timeout=60) as client:
+            # B starts once A holds all it may: A has been refused at least once.
+            waited = time.monotonic()
+            while all(status == 200 for status, *_ in a_outcomes):
+                assert time.monotonic() - waited < 60, a_outcomes[-5:]
+                time.sleep(0.05)
+            for _ in range(FAIR_B_REQUESTS):
+                for _attempt in range(10):
+                    sent = time.monotonic()
+                    response = client.post("/rerank", json=b_body, headers=keyed(KEY_B))
+                    if response.status_code == 200:
+                        b_latencies.append(time.monotonic() - sent)
+                        break
+                    b_refusals.append((response.status_code, response.headers.get("retry-after")))
+                    assert response.status_code == 503, response.text
+                    time.sleep(int(response.headers["retry-after"]))
+                else:
+                    pytest.fail(f"B was never answered: {b_refusals}")
+    finally:
+        stop.set()
+        for thread in flooders:
+            thread.join()
+    after = httpx.get(base + "/v1/status", headers=keyed(KEY_B)).json()["admission"]
+
+    a_statuses = [status for status, *_ in a_outcomes]
+    a_answered = sorted(s for status, s, _ in a_outcomes if status == 200)
+    p95 = percentile(b_latencies, 0.95)
+    print(
+        f"fair share {FAIR_SHARE} of a {FAIR_DEADLINE_S:g} s deadline; replica "
+        f"{after['tokens_per_s']} tokens/s: B alone {min(alone):.3f}-{max(alone):.3f} s; "
+        f"while A floods: B {len(b_latencies)} x 200, p50 {percentile(b_latencies, 0.5):.3f} s, "
+        f"p95 {p95:.3f} s, max {max(b_latencies):.3f} s, refusals {b_refusals}; "
+        f"A {a_statuses.count(200)} x 200 (p50 {percentile(a_answered, 0.5):.3f} s), "
+        f"{a_statuses.count(429)} x 429, {a_statuses.count(503)} x 503"
+    )
+    assert len(b_latencies) == FAIR_B_REQUESTS
+    assert p95 < FAIR_DEADLINE_S, sorted(b_latencies)
+    # B never holds work when it sends, so its share can never refuse it.
+    assert all(status == 503 for status, _ in b_refusals), b_refusals
+    assert set(a_statuses) <= {200, 429, 503}, a_statuses
+    assert a_statuses.count(429) > 0 and a_statuses.count(200) > 0, a_statuses
+    for status, _, retry_after in a_outcomes:
+        if status != 200:
+            assert int(retry_after) >= 1
+    assert after["rate_limited"] - before["admission"]["rate_limited"] == a_statuses.count(429)
+    assert after["queued_tokens"] == 0 and after["queued_requests"] == 0, after
+    assert after["clients_queued"] == 0, after
+
+
+def post_then_disconnect(base: str, path: str, body: dict, headers: dict[str, str]):
+    """Send a request on a raw connection and return the socket: closing it is the client
+    going away before the answer."""
+    url = httpx.URL(base + path)
+    payload = json.dumps(body).encode()
+    lines = [
+        f"POST {url.raw_path.decode()} HTTP/1.1",
+        f"host: {url.host}:{url.port}",
+        "content-type: application/json",
+        f"content-length: {len(payload)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+        "",
+        "",
+    ]
+    sock = socket.create_connection((url.host, url.port))
+    sock.sendall("\r\n".join(lines).encode() + payload)
+    return sock
+
+
+def test_a_disconnected_request_frees_its_replica_within_a_forward_pass(served, scorer):
+    """Issue 21 (done when: cancellation). A client sends a large request to the ``cancel``
+    app (a forward pass holds one of its documents, so the request takes a hundred) and closes its
+    connection early. The replica stops the work between forward passes: ``/v1/status``
+    counts a cancelled batch, and the admission queue (tokens, requests, the client's share)
+    is empty again long before the request would have finished; a small request sent next is
+    answered before the rest of the large one could have been scored."""
+    base = served["base"] + "/cancel"
+    rng = random.Random(7)
+    digits = ["".join(rng.choice("0123456789") for _ in range(CANCEL_DOCUMENT_BYTES))]
+    large = {
+        "query": QUERY,
+        "texts": [d[i:] + d[:i] for d in digits for i in range(CANCEL_DOCUMENTS)],
+    }
+    small = {"query": QUERY, "texts": DOCUMENTS[:2]}
+    status = keyed(KEY_B)
+    with httpx.Client(base_url=base, timeout=120, headers=keyed(KEY_A)) as client:
+        small_s = []
+        for _ in range(3):
+            sent = time.monotonic()
+            assert client.post("/rerank", json=small).status_code == 200
+            small_s.append(time.monotonic() - sent)
+        sent = time.monotonic()
+        assert client.post("/rerank", json=large).status_code == 200
+        full_s = time.monotonic() - sent
+        before = client.get("/v1/status", headers=status).json()
+    # A document is 800 tokens (one digit each), more than a forward pass holds: one pass each.
+    passes = CANCEL_DOCUMENTS
+
+    sent = time.monotonic()
+    sock = post_then_disconnect(served["base"], "/cancel/rerank", large, keyed(KEY_A))
+    try:
+        while (
+            httpx.get(base + "/v1/status", headers=status).json()["admission"]["queued_requests"]
+            == 0
+        ):
+            assert time.monotonic() - sent < full_s, "the large request was never admitted"
+            time.sleep(0.02)
+        time.sleep(full_s / 5)  # well into its forward passes
+    finally:
+        sock.close()
+    closed = time.monotonic()
+    remaining_s = full_s - (closed - sent)
+    while True:
+        now = httpx.get(base + "/v1/status", headers=status).json()
+        if now["batches"]["cancelled"] > before["batches"]["cancelled"]:
+            break
+        assert time.monotonic() - closed < 2 * full_s, now
+        time.sleep(0.02)
+    freed_s = time.monotonic() - closed
+    with httpx.Client(base_url=base, timeout=120, headers=keyed(KEY_A)) as client:
+        asked = time.monotonic()
+        assert client.post("/rerank", json=small).status_code == 200
+        after_s = time.monotonic() - asked
+    print(
+        f"cancel: large request {full_s:.2f} s (>= {passes} forward passes, "
+        f"{full_s / passes:.3f} s each), small request {min(small_s):.3f} s; closed after "
+        f"{closed - sent:.2f} s, replica free {freed_s:.3f} s later "
+        f"({freed_s / (full_s / passes):.1f} passes), small request then {after_s:.3f} s; "
+        f"the large one had {remaining_s:.2f} s of work left"
+    )
+    assert now["batches"]["cancelled"] == before["batches"]["cancelled"] + 1, now
+    admission = now["admission"]
+    assert admission["queued_tokens"] == 0 and admission["queued_requests"] == 0, admission
+    assert admission["clients_queued"] == 0, admission
+    assert freed_s < remaining_s / 2, (freed_s, remaining_s)
+    assert freed_s + after_s < remaining_s, (freed_s, after_s, remaining_s)
