@@ -155,25 +155,36 @@ class Admission:
             return Decision(True, wait)
         return Decision(False, wait, max(1, math.ceil(wait - self.deadline_s)))
 
-    def screen(self, now: float | None = None) -> Decision:
+    def screen(self, client: str | None = None, now: float | None = None) -> Decision:
         """:meth:`check` before a request is read, counting a refusal: a replica already over
-        its deadline refuses without parsing the body (the final verdict is :meth:`admit`)."""
+        its deadline, or a ``client`` already holding its whole share, is refused without
+        parsing or tokenizing the body (the final verdict is :meth:`admit`)."""
         decision = self.check(now)
+        if decision.admitted and client is not None:
+            decision = self._share(client, 0)
         if not decision.admitted:
             self.refused += 1
         return decision
+
+    def _share(self, client: str, tokens: int) -> Decision:
+        """Admitted unless ``client``'s queued work plus ``tokens`` passes its share of the
+        deadline (a client with nothing queued always passes: any one request fits)."""
+        own = self._client_tokens.get(client, 0)
+        if self.client_share >= 1 or own <= 0:
+            return Decision(True, 0.0)
+        own_s = (own + tokens) / self.tokens_per_s
+        share_s = self.client_share * self.deadline_s
+        if tokens == 0 and own_s < share_s or tokens > 0 and own_s <= share_s:
+            return Decision(True, 0.0)
+        self.rate_limited += 1
+        return Decision(False, own_s, max(1, math.ceil(own_s - share_s)), share_s)
 
     def admit(self, tokens: int, client: str | None = None, now: float | None = None) -> Decision:
         """Admit a request of ``tokens`` from ``client`` if it can start by the deadline and
         stays within the client's share; then call :meth:`done` with the same arguments."""
         decision = self.check(now)
-        if decision.admitted and client is not None and self.client_share < 1:
-            own = self._client_tokens.get(client, 0)
-            own_s = (own + tokens) / self.tokens_per_s
-            share_s = self.client_share * self.deadline_s
-            if own > 0 and own_s > share_s:
-                self.rate_limited += 1
-                decision = Decision(False, own_s, max(1, math.ceil(own_s - share_s)), share_s)
+        if decision.admitted and client is not None:
+            decision = self._share(client, tokens)
         if decision.admitted:
             self.queued_tokens += tokens
             self.queued_requests += 1

@@ -304,9 +304,10 @@ class Reranker:
             "admission": self.admission.snapshot(),
         }
 
-    def screen(self) -> Overloaded | None:
-        """Refuse a rerank request before reading it while the replica is over its deadline."""
-        decision = self.admission.screen()
+    def screen(self, client: str | None = None) -> Overloaded | None:
+        """Refuse a rerank request before reading it while the replica is over its deadline or
+        its client already holds its whole share (429)."""
+        decision = self.admission.screen(client)
         return None if decision.admitted else decision.refusal(self.admission.deadline_s)
 
     def _release(self, pending: Pending) -> None:

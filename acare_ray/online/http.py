@@ -73,7 +73,7 @@ class Scored:
 
 
 ScoreFn = Callable[[ScoringJob, str], Awaitable[Scored]]
-ScreenFn = Callable[[], Overloaded | None]
+ScreenFn = Callable[[str], Overloaded | None]
 
 
 def parse_keys(value: str | None) -> tuple[str, ...]:
@@ -128,9 +128,10 @@ class Gate:
             )
             await response(scope, receive, send)
             return
-        scope.setdefault("state", {})[CLIENT_STATE] = client or "anonymous"
+        identity = client or "anonymous"
+        scope.setdefault("state", {})[CLIENT_STATE] = identity
         if self.screen is not None and _route_path(scope) in RERANK_PATHS:
-            refusal = self.screen()
+            refusal = self.screen(identity)
             if refusal is not None:
                 await _overloaded_response(refusal)(scope, receive, send)
                 return

@@ -134,8 +134,8 @@ def app_with(service: RerankService, admission: Admission, screens: bool = True)
         finally:
             admission.done(job.tokens, client)
 
-    def screen():
-        decision = admission.screen()
+    def screen(client: str):
+        decision = admission.screen(client)
         return None if decision.admitted else decision.refusal(admission.deadline_s)
 
     return TestClient(create_api(service, score, screen=screen if screens else None))
@@ -162,8 +162,8 @@ def test_an_unauthorized_request_gets_401_not_503(service):
     admission = Admission(deadline_s=1.0, prior_tokens_per_s=1.0)
     admission.admit(1000)
 
-    def screen():
-        decision = admission.screen()
+    def screen(client: str):
+        decision = admission.screen(client)
         return None if decision.admitted else decision.refusal(admission.deadline_s)
 
     client = TestClient(create_api(service, None, api_key="k", screen=screen))

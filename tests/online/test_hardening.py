@@ -192,6 +192,36 @@ def test_a_client_over_its_share_gets_429_and_others_still_get_in():
     assert admission.snapshot(now=0.0)["rate_limited"] == 1
 
 
+def test_a_client_holding_its_whole_share_is_refused_before_its_body_is_read(service):
+    """Pins the load test's finding (issue 21.3): a client over its share got its 429 only after
+    its body was parsed and tokenized, so one that ignored Retry-After cost the replica that
+    work on every refusal. The screen now turns it away before reading (an unparseable body
+    still gets 429), while another client is read and answered."""
+    admission = Admission(deadline_s=10.0, prior_tokens_per_s=100.0, client_share=0.5)
+    assert admission.admit(500, "key:0", now=0.0).admitted  # 5 s: the whole share
+
+    def screen(client: str):
+        decision = admission.screen(client)
+        return None if decision.admitted else decision.refusal(admission.deadline_s)
+
+    keys = ("heavy-key", "light-key")
+    client = app(service, admission, screen=screen, api_key=keys)
+    heavy = client.post(
+        "/rerank", content=b"{not json", headers={"authorization": "Bearer heavy-key"}
+    )
+    assert heavy.status_code == 429, heavy.text
+    assert int(heavy.headers["retry-after"]) >= 1
+    light = client.post(
+        "/rerank",
+        json={"query": "capital", "texts": DOCUMENTS},
+        headers={"authorization": "Bearer light-key"},
+    )
+    assert light.status_code == 200, light.text
+    assert admission.snapshot(now=0.0)["rate_limited"] == 1
+    admission.done(500, "key:0")
+    assert admission.screen("key:0").admitted
+
+
 VALUES = st.recursive(
     st.none()
     | st.booleans()
