@@ -84,7 +84,9 @@ def test_refusals_past_the_budget_raise_with_the_server_message():
 def test_a_client_error_is_final_and_names_the_field():
     seen: list[httpx.Request] = []
     answers = [httpx.Response(422, json={"message": "top_k: must be >= 1"})]
-    client = AcareClient("http://acare.test", transport=httpx.MockTransport(scripted(answers, seen)))
+    client = AcareClient(
+        "http://acare.test", transport=httpx.MockTransport(scripted(answers, seen))
+    )
     with pytest.raises(AcareError, match="HTTP 422: top_k: must be >= 1") as err:
         client.search("q", top_k=0)
     assert err.value.status == 422 and len(seen) == 1
