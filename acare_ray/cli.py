@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "acare_ray.training.cli",
     "acare_ray.agent.cli",
     "acare_ray.search.cli",
+    "acare_ray.mcp_server",
 )
 
 

@@ -79,6 +79,11 @@ class AgentFields(BaseModel):
             " richest mode the given fields allow."
         ),
     )
+    instruction: str | None = Field(
+        None,
+        description="Replaces the prompt's <Instruct> line for this request (causal models); "
+        "absent: the mode's default.",
+    )
 
 
 class CohereRerankRequest(AgentFields):
@@ -152,6 +157,7 @@ class CohereRerankRequest(AgentFields):
             reasoning=self.reasoning,
             mode=self.mode,
             max_tokens_per_doc=self.max_tokens_per_doc or default_max_tokens_per_doc,
+            instruction=self.instruction,
         )
 
     def document_payload(self, index: int) -> dict[str, Any]:
@@ -187,6 +193,7 @@ class TeiRerankRequest(AgentFields):
             truncate=self.truncate,
             keep_end=self.truncation_direction == "left",
             documents_field="texts",
+            instruction=self.instruction,
         )
 
 

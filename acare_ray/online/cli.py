@@ -30,6 +30,7 @@ class ServeConfig:
     host: str | None = None
     address: str | None = None
     index: Path | None = None
+    replicas: int | None = None
     print_only: bool = False
 
 
@@ -53,6 +54,11 @@ def resolve(options: ServeConfig) -> dict[str, Any]:
             search = app.setdefault("args", {}).get("search") or {}
             search.pop("upstream_url", None)
             app["args"]["search"] = search | {"index": str(options.index.resolve())}
+    if options.replicas is not None:
+        for app in config.get("applications", []):
+            for deployment in app.get("deployments", []):
+                if deployment.get("name") == "Reranker":
+                    deployment["num_replicas"] = options.replicas
     http = config.setdefault("http_options", {})
     if options.port is not None:
         http["port"] = options.port
@@ -104,6 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="index folder from `acare index`: adds POST /v1/search (overrides the config)",
     )
     parser.add_argument(
+        "--replicas", type=int, help="reranker replicas per application (overrides the config)"
+    )
+    parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.set_defaults(
@@ -115,6 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 host=args.host,
                 address=args.address,
                 index=Path(args.index) if args.index else None,
+                replicas=args.replicas,
                 print_only=args.print_config,
             )
         )

@@ -256,6 +256,7 @@ def search_routes(
                     mode=body.mode,
                     max_tokens_per_doc=body.max_tokens_per_doc,
                     documents_field="first_stage",
+                    instruction=body.instruction,
                 ),
                 request,
                 response,
