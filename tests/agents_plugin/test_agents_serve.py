@@ -273,3 +273,36 @@ def test_llamaindex_postprocessor_forwards_question_and_reasoning(served, scorer
     best = np.argsort(-want, kind="stable")[:3]
     assert [n.node.get_content() for n in kept] == [texts[i] for i in best]
     np.testing.assert_allclose([n.score for n in kept], want[best], atol=1e-5)
+
+
+def test_mcp_over_stdio_against_the_service(served):
+    pytest.importorskip("mcp")
+    from mcp import Client, StdioServerParameters
+
+    base = served["base"]
+    (command,) = [c for c in doc_commands() if c.startswith("acare mcp") and "--transport" not in c]
+    full = argv(command, **{"http://127.0.0.1:8000": base})
+    params = StdioServerParameters(command=full[0], args=full[1:], env={"ACARE_API_KEY": ""})
+    args = {"query": QUERY, "question": QUESTION, "reasoning": REASONING, "top_k": 2}
+
+    async def calls():
+        async with Client(params, read_timeout_seconds=120) as client:
+            return await client.call_tool("search", args | {"session_id": "stdio"})
+
+    found = asyncio.run(calls())
+    assert not found.is_error, found.content
+    expected = search(base, original_question=QUESTION, reasoning=REASONING, top_k=2).json()
+    assert [r["doc_id"] for r in found.structured_content["results"]] == [
+        h["doc_id"] for h in expected["results"]
+    ]
+    seen = httpx.get(f"{base}/v1/sessions/stdio", timeout=30).json()["seen_ids"]
+    assert seen == [h["doc_id"] for h in expected["results"]]
+
+
+def test_every_command_of_the_doc_is_run_by_this_module():
+    assert doc_commands() == [
+        "acare index --input corpus.jsonl --out my-index",
+        "acare serve --model ./model --index my-index --replicas 2 --port 8000",
+        "acare mcp --endpoint http://127.0.0.1:8000",
+        "acare mcp --endpoint http://127.0.0.1:8000 --transport http --port 8765",
+    ]
