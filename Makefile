@@ -32,7 +32,7 @@ FLOOR_VENV ?= .venv-floor
 test-floor:
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/pip install -q --upgrade pip
-	$(FLOOR_VENV)/bin/pip install -q -c requirements/floor.txt -e ".[dev]"
+	$(FLOOR_VENV)/bin/pip install -q -c requirements/floor.txt -e ".[test]" ruff
 	RAY_USAGE_STATS_ENABLED=0 $(FLOOR_VENV)/bin/pytest -q
 
 lint: install

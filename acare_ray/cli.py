@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "acare_ray.online.cli",
     "acare_ray.training.cli",
     "acare_ray.agent.cli",
+    "acare_ray.search.cli",
+    "acare_ray.mcp_server",
 )
 
 

@@ -90,17 +90,21 @@ class AgentContext:
     """One agent search: the sub-query sent, and optionally the session's question and reasoning.
 
     ``question`` and ``reasoning`` are normalised so that an empty or whitespace-only value is
-    ``None``. ``sub_query`` is required and must contain text.
+    ``None``. ``sub_query`` is required and must contain text. ``instruction``, when given,
+    replaces the prompt's ``<Instruct>:`` line for this search (untrusted text like the fields;
+    ``None``: the scorer's configured instruction, else the mode's default). No mode selects
+    it: it is kept by :meth:`for_mode`.
     """
 
     sub_query: str
     question: str | None = None
     reasoning: str | None = None
+    instruction: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sub_query, str) or not self.sub_query.strip():
             raise ValueError("sub_query is missing or empty")
-        for name in ("question", "reasoning"):
+        for name in ("question", "reasoning", "instruction"):
             try:
                 object.__setattr__(self, name, _present(getattr(self, name)))
             except ValueError as err:
@@ -129,6 +133,7 @@ class AgentContext:
             self.sub_query,
             question=self.question if mode.uses_question else None,
             reasoning=self.reasoning if mode.uses_reasoning else None,
+            instruction=self.instruction,
         )
 
 

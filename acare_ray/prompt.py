@@ -199,12 +199,18 @@ class PromptEncoder:
             fields["query"].text,
             question=fields["question"].text if "question" in fields else None,
             reasoning=fields["reasoning"].text if "reasoning" in fields else None,
+            instruction=context.instruction,
         )
+
+    def instruction_for(self, context: AgentContext) -> str | None:
+        """The custom instruction of this search: its own, else the configured one (None: the
+        mode's default, a template part)."""
+        return context.instruction if context.instruction is not None else self.config.instruction
 
     def prefix_parts(self, context: AgentContext, mode: Mode) -> list[Part]:
         """The prompt up to and including ``<Document>:`` as template and user parts."""
         fields = cap_fields(self.inert, context.for_mode(mode), self.config.caps)
-        instruction = self.config.instruction
+        instruction = self.instruction_for(context)
         return [
             Template(f"{SYSTEM_PREFIX}<Instruct>: "),
             Template(INSTRUCTIONS[mode]) if instruction is None else UserText(instruction),
@@ -215,7 +221,9 @@ class PromptEncoder:
 
     def prefix_text(self, context: AgentContext, mode: Mode) -> str:
         """Display text of the prefix (cut fields shown decoded)."""
-        return render_prefix(self.capped(context).for_mode(mode), mode, self.config.instruction)
+        return render_prefix(
+            self.capped(context).for_mode(mode), mode, self.instruction_for(context)
+        )
 
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:
         """The exact prompt text (capped fields; the document as given, before truncation)."""

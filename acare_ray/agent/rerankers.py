@@ -20,7 +20,6 @@ the server fuses (docs/online.md).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -161,7 +160,8 @@ class EndpointError(RuntimeError):
 
 
 class EndpointReranker:
-    """``POST {url}/v2/rerank`` (Cohere v2 body + ``original_question``, ``reasoning``, ``mode``).
+    """``POST {url}/v2/rerank`` (Cohere v2 body + ``original_question``, ``reasoning``, ``mode``)
+    through :class:`acare_ray.client.AcareClient`.
 
     With ``fusion`` (a setting's text form, or ``auto`` for the server's fitted one) the body
     also carries the request's ``first_stage_scores`` (or ``first_stage_order: true`` when it
@@ -172,7 +172,7 @@ class EndpointReranker:
     the search's first attempt, as an agent harness waits on a busy service; connection errors
     are retried after 1 s, at most ``retries`` times. Any other error status, or a search still
     refused when its budget runs out, raises :class:`EndpointError` with the body. ``refused``
-    counts the 503/429 answers received. One ``httpx.Client`` is shared by all threads.
+    counts the 503/429 answers received. One client is shared by all threads.
     """
 
     def __init__(
@@ -186,31 +186,33 @@ class EndpointReranker:
         retry_budget_s: float = 600.0,
         fusion: str | None = None,
     ) -> None:
-        import httpx
+        from acare_ray.client import AcareClient
 
-        self.url = url.rstrip("/") + "/v2/rerank"
+        self.client = AcareClient(
+            url, api_key, timeout_s=timeout_s, retries=retries, retry_budget_s=retry_budget_s
+        )
+        self.url = self.client.base_url + "/v2/rerank"
         self.mode = mode
         self.fusion = fusion_setting(fusion)
         self.name = f"{mode}+{self.fusion}" if self.fusion else mode
         self.model = model
-        self.retries = retries
-        self.retry_budget_s = retry_budget_s
-        self.refused = 0
-        self._count = threading.Lock()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._httpx = httpx
-        self.client = httpx.Client(timeout=timeout_s, headers=headers)
+
+    @property
+    def refused(self) -> int:
+        return self.client.refused
 
     def body(self, request: RerankRequest, top_n: int) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "query": request.query,
-            "documents": list(request.documents),
-            "top_n": top_n,
-            "original_question": request.question,
-            "reasoning": request.reasoning,
-            "mode": self.mode,
-        } | (self.first_stage(request) if self.fusion else {})
+        from acare_ray.client import rerank_body
+
+        return rerank_body(
+            request.query,
+            list(request.documents),
+            original_question=request.question,
+            reasoning=request.reasoning,
+            mode=self.mode,
+            top_n=top_n,
+            model=self.model,
+        ) | (self.first_stage(request) if self.fusion else {})
 
     def first_stage(self, request: RerankRequest) -> dict[str, Any]:
         """The fusion fields of a fused system's body."""
@@ -226,36 +228,17 @@ class EndpointReranker:
     def rerank_counted(self, request: RerankRequest, top_n: int) -> tuple[list[int], int]:
         """The ranking and the tokens the endpoint reports (``meta.tokens.input_tokens``; 0 when
         it reports none)."""
+        from acare_ray.client import AcareError, parse_rerank
+
         if not request.documents:
             return [], 0
-        body = self.body(request, top_n)
-        deadline = time.monotonic() + self.retry_budget_s
-        failures = 0
-        while True:
-            try:
-                response = self.client.post(self.url, json=body)
-            except self._httpx.TransportError as err:
-                failures += 1
-                if failures > self.retries:
-                    raise EndpointError(f"{self.url}: {err}") from err
-                time.sleep(1.0)
-                continue
-            if response.status_code in (429, 503):
-                with self._count:
-                    self.refused += 1
-                wait = float(response.headers.get("retry-after", "1") or 1)
-                if time.monotonic() + wait > deadline:
-                    raise EndpointError(
-                        f"{self.url}: still refused after {self.retry_budget_s:.0f} s: "
-                        f"HTTP {response.status_code}: {response.text}"
-                    )
-                time.sleep(wait)
-                continue
-            if response.status_code != 200:
-                raise EndpointError(f"{self.url}: HTTP {response.status_code}: {response.text}")
-            answer = response.json()
-            tokens = ((answer.get("meta") or {}).get("tokens") or {}).get("input_tokens") or 0
-            return [int(r["index"]) for r in answer["results"]], int(tokens)
+        try:
+            answer = parse_rerank(
+                self.client.request("POST", "/v2/rerank", self.body(request, top_n))
+            )
+        except AcareError as err:
+            raise EndpointError(str(err)) from err
+        return [hit.index for hit in answer.hits], answer.tokens
 
     def close(self) -> None:
         self.client.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import bm25s
 import numpy as np
@@ -22,6 +23,18 @@ class BM25Index:
         self.size = len(texts)
         self._retriever = bm25s.BM25()
         self._retriever.index(_tokens(texts), show_progress=False)
+
+    def save(self, folder: str | Path) -> None:
+        """Write the index (bm25s' own files) into ``folder``; :meth:`load` reads it back."""
+        self._retriever.save(str(folder), show_progress=False)
+
+    @classmethod
+    def load(cls, folder: str | Path, size: int) -> BM25Index:
+        """An index written by :meth:`save` over ``size`` texts (memory-mapped)."""
+        index = cls.__new__(cls)
+        index.size = size
+        index._retriever = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+        return index
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` per query: (doc positions int [n, k], scores float [n, k]), best first.

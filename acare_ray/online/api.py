@@ -83,6 +83,11 @@ class AgentFields(BaseModel):
             " richest mode the given fields allow."
         ),
     )
+    instruction: str | None = Field(
+        None,
+        description="Replaces the prompt's <Instruct> line for this request (causal models); "
+        "absent: the mode's default.",
+    )
 
 
 class CohereRerankRequest(AgentFields, FirstStageFields):
@@ -156,6 +161,7 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
             reasoning=self.reasoning,
             mode=self.mode,
             max_tokens_per_doc=self.max_tokens_per_doc or default_max_tokens_per_doc,
+            instruction=self.instruction,
         )
 
     def document_payload(self, index: int) -> dict[str, Any]:
@@ -193,6 +199,7 @@ class TeiRerankRequest(AgentFields, FirstStageFields):
             truncate=self.truncate,
             keep_end=self.truncation_direction == "left",
             documents_field="texts",
+            instruction=self.instruction,
         )
 
 

@@ -29,6 +29,8 @@ class ServeConfig:
     port: int | None = None
     host: str | None = None
     address: str | None = None
+    index: Path | None = None
+    replicas: int | None = None
     print_only: bool = False
 
 
@@ -46,6 +48,17 @@ def resolve(options: ServeConfig) -> dict[str, Any]:
             model = str(Path(model).resolve())
         for app in config.get("applications", []):
             app.setdefault("args", {})["model"] = model
+    if options.index is not None:
+        # Replicas do not share this shell's working directory either.
+        for app in config.get("applications", []):
+            search = app.setdefault("args", {}).get("search") or {}
+            search.pop("upstream_url", None)
+            app["args"]["search"] = search | {"index": str(options.index.resolve())}
+    if options.replicas is not None:
+        for app in config.get("applications", []):
+            for deployment in app.get("deployments", []):
+                if deployment.get("name") == "Reranker":
+                    deployment["num_replicas"] = options.replicas
     http = config.setdefault("http_options", {})
     if options.port is not None:
         http["port"] = options.port
@@ -93,6 +106,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "'local' always starts a new one)",
     )
     parser.add_argument(
+        "--index",
+        help="index folder from `acare index`: adds POST /v1/search (overrides the config)",
+    )
+    parser.add_argument(
+        "--replicas", type=int, help="reranker replicas per application (overrides the config)"
+    )
+    parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.set_defaults(
@@ -103,6 +123,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 port=args.port,
                 host=args.host,
                 address=args.address,
+                index=Path(args.index) if args.index else None,
+                replicas=args.replicas,
                 print_only=args.print_config,
             )
         )

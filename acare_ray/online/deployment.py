@@ -103,6 +103,11 @@ class AppArgs(BaseModel):
         description="Environment variable holding the bearer key(s), comma or newline "
         "separated, whitespace stripped.",
     )
+    search: dict[str, Any] | None = Field(
+        None,
+        description="POST /v1/search: a first stage and session bounds "
+        "(acare_ray.search.api.SearchSettings); None: no search routes.",
+    )
     allow_unauthenticated: bool = Field(
         False,
         description="Serve without a key when api_key_env is unset, missing or empty; without "
@@ -217,11 +222,12 @@ class BatchStats:
 class Reranker:
     """One model replica; see the module docstring."""
 
-    def __init__(self, args: dict[str, Any]) -> None:
+    def __init__(self, args: dict[str, Any], sessions: Any = None) -> None:
         from acare_ray.scorer import Scorer
         from acare_ray.training.checkpoint import read_fusion
 
         config = AppArgs.model_validate(args)
+        self.search_routes = _search_routes(config, sessions, max_documents=config.max_documents)
         config.api_keys()
         # What `fusion: auto` means for this replica: the setting fitted for its checkpoint,
         # read once (a bad stored setting stops the replica before the model loads).
@@ -281,6 +287,7 @@ class Reranker:
             screen=self.screen,
             healthy=lambda: self.healthy,
             fitted_fusion=self.fitted_fusion,
+            extra_routes=self.search_routes,
         )
 
     async def check_health(self) -> None:
@@ -382,11 +389,37 @@ class Reranker:
         return [r if isinstance(r, Exception) else Scored(r, len(items)) for r in results]
 
 
+def _search_routes(config: AppArgs, sessions: Any, max_documents: int):
+    """The ``/v1/search`` routes when ``search`` is configured (else None)."""
+    if config.search is None:
+        return None
+    from acare_ray.online.http import client_of
+    from acare_ray.search.api import HandleSessions, SearchSettings, search_routes
+
+    settings = SearchSettings.model_validate(config.search)
+    context = serve.get_replica_context()
+    return search_routes(
+        settings.first_stage(),
+        HandleSessions(sessions),
+        settings,
+        max_documents=max_documents,
+        client_of=client_of,
+        replica=context.replica_id.unique_id if context else None,
+    )
+
+
 def build_app(args: AppArgs) -> Application:
-    """Application builder for ``serve run`` / ``serve deploy`` / a Serve config's ``args``."""
+    """Application builder for ``serve run`` / ``serve deploy`` / a Serve config's ``args``;
+    with ``search`` set, the app also holds its :class:`~acare_ray.search.store.SessionStore`."""
     if not isinstance(args, AppArgs):
         args = AppArgs.model_validate(args or {})
-    return Reranker.bind(args.model_dump())
+    if args.search is None:
+        return Reranker.bind(args.model_dump())
+    from acare_ray.search.api import SearchSettings
+    from acare_ray.search.store import SessionStore
+
+    limits = SearchSettings.model_validate(args.search).session_limits()
+    return Reranker.bind(args.model_dump(), SessionStore.bind(vars(limits).copy()))
 
 
 # ``serve build`` / ``serve run acare_ray.online.deployment:app``: local, unauthenticated.

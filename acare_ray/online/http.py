@@ -57,11 +57,16 @@ from acare_ray.online.service import ClientError, RerankService, ScoringJob, Sea
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank", "/rerank"})
+RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank", "/rerank", "/v1/search"})
 # Where the Gate leaves the client's identity for the routes (admission's fair share).
 CLIENT_STATE = "acare_client"
 # Header values behind common ingresses must stay well below their 4-8 KB header limits.
 MAX_TRUNCATED_LISTED = 100
+
+
+def client_of(request: Request) -> str:
+    """The client identity the :class:`Gate` found for ``request`` (admission, sessions)."""
+    return request.scope.get("state", {}).get(CLIENT_STATE, "anonymous")
 
 
 @dataclass(frozen=True)
@@ -260,13 +265,15 @@ def create_api(
     screen: ScreenFn | None = None,
     healthy: Callable[[], bool] | None = None,
     fitted_fusion: FusionConfig | None = None,
+    extra_routes: Callable[[FastAPI, Callable[..., Awaitable[Any]]], None] | None = None,
 ) -> FastAPI:
     """The HTTP app; ``score(job, client)`` scores one prepared job (batched by the caller if it
     wants) or raises :class:`Overloaded`; ``screen`` refuses work before a request body is
     read; ``api_key`` is one key or several (any of them is accepted; each is a client of its
     own for fairness); ``healthy`` says whether ``/health`` answers ok; ``fitted_fusion`` is the
     served checkpoint's fitted fusion, what ``fusion: auto`` means (see
-    :mod:`acare_ray.online.first_stage`)."""
+    :mod:`acare_ray.online.first_stage`); ``extra_routes(app, run)`` adds more routes that
+    score through the same ``run`` (``/v1/search``)."""
     model = service.model_name
     keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
     cohere_body = _with_max_items(CohereRerankRequest, "documents", service.limits.max_documents)
@@ -355,6 +362,8 @@ def create_api(
         (rerank_tei, tei_body),
     ):
         route.__annotations__["body"] = body_model
+    if extra_routes is not None:
+        extra_routes(api, run)
     answers = {"response_model_exclude_none": True}
     api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)
     api.post("/v2/rerank", response_model=RerankResponse, **answers)(rerank_v2)

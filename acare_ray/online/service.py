@@ -68,6 +68,7 @@ class Search:
     ``truncate``: ``None`` follows the server's ``auto_truncate``; ``False`` refuses documents
     longer than the model's room (413). ``keep_end`` truncates from the left (keeps the end).
     ``documents_field`` is the caller's name for the documents (``texts`` on TEI), used in errors.
+    ``instruction`` replaces the prompt's ``<Instruct>:`` line (causal backend; None: default).
     """
 
     query: str
@@ -79,6 +80,7 @@ class Search:
     truncate: bool | None = None
     keep_end: bool = False
     documents_field: str = "documents"
+    instruction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class RerankService:
         at most ``max_length``. Costed the backend's way (:meth:`TokenLayout.cost`) and never
         more than a full ``max_length`` per document beside the context.
         """
-        fields = [search.query]
+        fields = [search.query, search.instruction or ""]
         if mode.uses_question:
             fields.append(search.original_question or "")
         if mode.uses_reasoning:
@@ -169,7 +171,7 @@ class RerankService:
             if not doc.strip():
                 raise ClientError(422, f"{name}[{i}]", "is empty")
             _check_encodable(f"{name}[{i}]", doc)
-        for field_name in ("query", "original_question", "reasoning"):
+        for field_name in ("query", "original_question", "reasoning", "instruction"):
             _check_encodable(field_name, getattr(search, field_name))
         context, mode = self._context(search)
         bound = self.token_bound(search, mode)
@@ -224,9 +226,18 @@ class RerankService:
             requested = parse_mode(search.mode)
         except ValueError as err:
             raise ClientError(422, "mode", str(err)) from None
+        if search.instruction is not None and self.layout.backend_name != "causal_lm":
+            raise ClientError(
+                422,
+                "instruction",
+                f"the served model ({self.layout.backend_name}) has no instruction line",
+            )
         try:
             context = AgentContext(
-                search.query, question=search.original_question, reasoning=search.reasoning
+                search.query,
+                question=search.original_question,
+                reasoning=search.reasoning,
+                instruction=search.instruction,
             )
         except ValueError:
             raise ClientError(422, "query", "is missing or empty") from None

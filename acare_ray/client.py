@@ -1,0 +1,352 @@
+"""A small Python client for a running ``acare serve``: sync (:class:`AcareClient`) and async
+(:class:`AsyncAcareClient`), over httpx.
+
+Both cover ``POST /v2/rerank`` (Cohere v2 body plus the ACARe fields ``original_question``,
+``reasoning``, ``mode``, ``instruction``), ``POST /v1/search`` and ``DELETE /v1/sessions/{id}``.
+
+Retries: a 503 or 429 answer (an overloaded replica, or a client over its fair share) is sent
+again after its ``Retry-After`` (1 s when it has none) for as long as ``retry_budget_s`` allows,
+counted from the call's first attempt; a connection error is retried after
+``connect_retry_wait_s``, at most ``retries`` times. Any other error status, or a call still
+refused when its budget runs out, raises :class:`AcareError` with the status and the server's
+message. ``refused`` counts the 503/429 answers received (shared by all threads or tasks).
+``timeout_s`` bounds each attempt (httpx's connect/read/write/pool timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+RETRY_STATUSES = frozenset({429, 503})
+
+
+class AcareError(RuntimeError):
+    """The server refused a call (``status``, 0 for a connection failure) or kept refusing it."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class RerankHit:
+    """One reranked document: its position in the request, sigmoid(log-odds), the document when
+    ``return_documents`` was set."""
+
+    index: int
+    relevance_score: float
+    document: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Reranked:
+    """A rerank answer: ``hits`` best first, ``tokens`` scored, the ``mode`` the model read."""
+
+    hits: list[RerankHit]
+    tokens: int
+    mode: str | None
+    raw: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One ``/v1/search`` result (see docs/agents.md for every field)."""
+
+    doc_id: str
+    text: str
+    title: str | None
+    score: float
+    relevance_score: float
+    first_stage_rank: int
+    first_stage_score: float | None
+    seen: bool
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A ``/v1/search`` answer: ``hits`` in the served order, ``usage`` as the server sent it."""
+
+    hits: list[SearchHit]
+    session_id: str | None
+    mode: str
+    usage: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False)
+
+
+def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def rerank_body(
+    query: str,
+    documents: Sequence[str | dict[str, Any]],
+    *,
+    original_question: str | None = None,
+    reasoning: str | None = None,
+    mode: str | None = None,
+    top_n: int | None = None,
+    instruction: str | None = None,
+    max_tokens_per_doc: int | None = None,
+    return_documents: bool | None = None,
+    model: str | None = "acare",
+) -> dict[str, Any]:
+    """The ``/v2/rerank`` JSON body (fields left ``None`` are not sent)."""
+    return _drop_none(
+        {
+            "model": model,
+            "query": query,
+            "documents": list(documents),
+            "top_n": top_n,
+            "original_question": original_question,
+            "reasoning": reasoning,
+            "mode": mode,
+            "instruction": instruction,
+            "max_tokens_per_doc": max_tokens_per_doc,
+            "return_documents": return_documents,
+        }
+    )
+
+
+def search_body(
+    query: str,
+    *,
+    original_question: str | None = None,
+    reasoning: str | None = None,
+    session_id: str | None = None,
+    top_k: int | None = None,
+    seen_ids: Sequence[str] | None = None,
+    mode: str | None = None,
+    instruction: str | None = None,
+    first_stage_k: int | None = None,
+    max_tokens_per_doc: int | None = None,
+) -> dict[str, Any]:
+    """The ``/v1/search`` JSON body (fields left ``None`` are not sent)."""
+    return _drop_none(
+        {
+            "query": query,
+            "original_question": original_question,
+            "reasoning": reasoning,
+            "session_id": session_id,
+            "top_k": top_k,
+            "seen_ids": list(seen_ids) if seen_ids is not None else None,
+            "mode": mode,
+            "instruction": instruction,
+            "first_stage_k": first_stage_k,
+            "max_tokens_per_doc": max_tokens_per_doc,
+        }
+    )
+
+
+def parse_rerank(answer: dict[str, Any]) -> Reranked:
+    meta = answer.get("meta") or {}
+    hits = [
+        RerankHit(int(r["index"]), float(r["relevance_score"]), r.get("document"))
+        for r in answer["results"]
+    ]
+    tokens = int((meta.get("tokens") or {}).get("input_tokens") or 0)
+    return Reranked(hits, tokens, meta.get("mode"), answer)
+
+
+def parse_search(answer: dict[str, Any]) -> Searched:
+    hits = [
+        SearchHit(
+            doc_id=r["doc_id"],
+            text=r["text"],
+            title=r.get("title"),
+            score=float(r["score"]),
+            relevance_score=float(r["relevance_score"]),
+            first_stage_rank=int(r["first_stage_rank"]),
+            first_stage_score=r.get("first_stage_score"),
+            seen=bool(r.get("seen", False)),
+        )
+        for r in answer["results"]
+    ]
+    return Searched(hits, answer.get("session_id"), answer["mode"], answer["usage"], answer)
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("message", response.text))
+    except (ValueError, AttributeError):
+        return response.text
+
+
+class _Base:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout_s: float,
+        retries: int,
+        retry_budget_s: float,
+        connect_retry_wait_s: float,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.retry_budget_s = retry_budget_s
+        self.connect_retry_wait_s = connect_retry_wait_s
+        self.refused = 0
+        self._count = threading.Lock()
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(timeout_s)
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    def _after(self, response: httpx.Response, deadline: float, url: str) -> float | None:
+        """Seconds to wait before trying again, or None when ``response`` is final (raises
+        :class:`AcareError` for an error that is)."""
+        if response.status_code in RETRY_STATUSES:
+            with self._count:
+                self.refused += 1
+            try:
+                wait = max(0.0, float(response.headers.get("retry-after", "1") or 1))
+            except ValueError:
+                wait = 1.0
+            if time.monotonic() + wait > deadline:
+                raise AcareError(
+                    response.status_code,
+                    f"{url}: still refused after {self.retry_budget_s:g} s: "
+                    f"HTTP {response.status_code}: {_message(response)}",
+                )
+            return wait
+        if response.status_code >= 400:
+            raise AcareError(
+                response.status_code, f"{url}: HTTP {response.status_code}: {_message(response)}"
+            )
+        return None
+
+    def _transport_failed(self, failures: int, url: str, err: Exception) -> None:
+        if failures > self.retries:
+            raise AcareError(0, f"{url}: {err}") from err
+
+
+class AcareClient(_Base):
+    """Blocking client; one instance may be shared by threads. See the module docstring."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 5,
+        retry_budget_s: float = 600.0,
+        connect_retry_wait_s: float = 1.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key, timeout_s, retries, retry_budget_s, connect_retry_wait_s
+        )
+        self.http = httpx.Client(timeout=self._timeout, headers=self._headers, transport=transport)
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One call with the retry policy; the decoded JSON answer (None for an empty body)."""
+        url = self._url(path)
+        deadline = time.monotonic() + self.retry_budget_s
+        failures = 0
+        while True:
+            try:
+                response = self.http.request(method, url, json=body)
+            except httpx.TransportError as err:
+                failures += 1
+                self._transport_failed(failures, url, err)
+                time.sleep(self.connect_retry_wait_s)
+                continue
+            wait = self._after(response, deadline, url)
+            if wait is None:
+                return response.json() if response.content else None
+            time.sleep(wait)
+
+    def rerank(self, query: str, documents: Sequence[str | dict[str, Any]], **fields) -> Reranked:
+        """``POST /v2/rerank``; ``fields`` are those of :func:`rerank_body`."""
+        return parse_rerank(
+            self.request("POST", "/v2/rerank", rerank_body(query, documents, **fields))
+        )
+
+    def search(self, query: str, **fields) -> Searched:
+        """``POST /v1/search``; ``fields`` are those of :func:`search_body`."""
+        return parse_search(self.request("POST", "/v1/search", search_body(query, **fields)))
+
+    def forget(self, session_id: str) -> bool:
+        """``DELETE /v1/sessions/{session_id}``: whether the server had the session."""
+        answer = self.request("DELETE", f"/v1/sessions/{quote(session_id, safe='')}")
+        return bool(answer and answer.get("deleted"))
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> AcareClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncAcareClient(_Base):
+    """The asyncio twin of :class:`AcareClient` (same methods, awaited)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 5,
+        retry_budget_s: float = 600.0,
+        connect_retry_wait_s: float = 1.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key, timeout_s, retries, retry_budget_s, connect_retry_wait_s
+        )
+        self.http = httpx.AsyncClient(
+            timeout=self._timeout, headers=self._headers, transport=transport
+        )
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = self._url(path)
+        deadline = time.monotonic() + self.retry_budget_s
+        failures = 0
+        while True:
+            try:
+                response = await self.http.request(method, url, json=body)
+            except httpx.TransportError as err:
+                failures += 1
+                self._transport_failed(failures, url, err)
+                await asyncio.sleep(self.connect_retry_wait_s)
+                continue
+            wait = self._after(response, deadline, url)
+            if wait is None:
+                return response.json() if response.content else None
+            await asyncio.sleep(wait)
+
+    async def rerank(
+        self, query: str, documents: Sequence[str | dict[str, Any]], **fields
+    ) -> Reranked:
+        body = rerank_body(query, documents, **fields)
+        return parse_rerank(await self.request("POST", "/v2/rerank", body))
+
+    async def search(self, query: str, **fields) -> Searched:
+        return parse_search(await self.request("POST", "/v1/search", search_body(query, **fields)))
+
+    async def forget(self, session_id: str) -> bool:
+        answer = await self.request("DELETE", f"/v1/sessions/{quote(session_id, safe='')}")
+        return bool(answer and answer.get("deleted"))
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncAcareClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
