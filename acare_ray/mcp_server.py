@@ -149,7 +149,9 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     from acare_ray.online.service import RerankService
     from acare_ray.scorer import Scorer
     from acare_ray.search.api import LocalSessions, SearchSettings, search_routes
+    from acare_ray.training.checkpoint import read_fusion
 
+    fitted = read_fusion(model)
     scorer = Scorer.from_pretrained(model, device=device)
     service = RerankService(scorer, model)
     settings = SearchSettings(index=str(index))
@@ -168,8 +170,9 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
         settings,
         max_documents=service.limits.max_documents,
         client_of=client_of,
+        fitted_fusion=fitted,
     )
-    app = create_api(service, score, extra_routes=routes)
+    app = create_api(service, score, extra_routes=routes, fitted_fusion=fitted)
     return AsyncAcareClient("http://acare.local", transport=httpx.ASGITransport(app=app))
 
 

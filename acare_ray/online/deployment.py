@@ -227,11 +227,13 @@ class Reranker:
         from acare_ray.training.checkpoint import read_fusion
 
         config = AppArgs.model_validate(args)
-        self.search_routes = _search_routes(config, sessions, max_documents=config.max_documents)
         config.api_keys()
         # What `fusion: auto` means for this replica: the setting fitted for its checkpoint,
         # read once (a bad stored setting stops the replica before the model loads).
         self.fitted_fusion = read_fusion(config.model)
+        self.search_routes = _search_routes(
+            config, sessions, max_documents=config.max_documents, fitted=self.fitted_fusion
+        )
         options = {
             "max_length": config.max_length,
             "max_batch_tokens": config.forward_batch_tokens,
@@ -389,7 +391,7 @@ class Reranker:
         return [r if isinstance(r, Exception) else Scored(r, len(items)) for r in results]
 
 
-def _search_routes(config: AppArgs, sessions: Any, max_documents: int):
+def _search_routes(config: AppArgs, sessions: Any, max_documents: int, fitted: Any = None):
     """The ``/v1/search`` routes when ``search`` is configured (else None)."""
     if config.search is None:
         return None
@@ -405,6 +407,7 @@ def _search_routes(config: AppArgs, sessions: Any, max_documents: int):
         max_documents=max_documents,
         client_of=client_of,
         replica=context.replica_id.unique_id if context else None,
+        fitted_fusion=fitted,
     )
 
 

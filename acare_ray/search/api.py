@@ -3,7 +3,8 @@ is configured (application args ``search:``, :class:`SearchSettings`).
 
 A search: the first stage's top ``first_stage_k`` for the sub-query -> the reranker scores them
 with the agent's context (one rerank job, admitted and batched like any rerank request) ->
-:func:`fuse_with_first_stage` -> documents the session has not been shown yet first (the
+:func:`fuse_with_first_stage` (the request's ``fusion``, by default the setting fitted for the
+served checkpoint) -> documents the session has not been shown yet first (the
 session's memory and the request's ``seen_ids``), each group in that order -> the first
 ``top_k``, which the session then remembers as seen.
 
@@ -24,9 +25,9 @@ import numpy as np
 from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from acare_ray.fusion import Fused, FusionConfig, fuse, resolve
 from acare_ray.online.api import AgentFields, relevance
 from acare_ray.online.service import ClientError, ScoringJob, Search
-from acare_ray.scorer import rank_order
 from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
 from acare_ray.search.sessions import SessionLimits, SessionMemory
 
@@ -147,6 +148,19 @@ class SearchRequest(AgentFields):
     max_tokens_per_doc: int | None = Field(
         None, ge=1, description="Cut each candidate to this many tokens before scoring."
     )
+    fusion: str | None = Field(
+        None,
+        description="none | rrf[:k=60,weight=0.5] | linear[:alpha=0.5] | auto (default: the "
+        "setting fitted for the served checkpoint, none if it has none): how the reranker's "
+        "scores are fused with the first stage's.",
+    )
+
+    @field_validator("fusion")
+    @classmethod
+    def _fusion_parses(cls, value: str | None) -> str | None:
+        if value is not None and value.strip() != "auto":
+            FusionConfig.parse(value)
+        return value
 
     @field_validator("query")
     @classmethod
@@ -164,6 +178,9 @@ class SearchHit(BaseModel):
     relevance_score: float = Field(description="sigmoid(score) in 0..1.")
     first_stage_rank: int = Field(description="1-based rank in the first stage's list.")
     first_stage_score: float | None = None
+    fused_score: float | None = Field(
+        None, description="The fused value the order follows (absent when fusion is none)."
+    )
     seen: bool = Field(description="Returned to this session (or listed in seen_ids) before.")
 
 
@@ -181,6 +198,7 @@ class SearchResponse(BaseModel):
     id: str
     session_id: str | None = None
     mode: str
+    fusion: str = Field(description="The fusion setting used (text form).")
     results: list[SearchHit] = Field(description="Unseen documents first, each group best first.")
     usage: SearchUsage
     warnings: list[str] | None = None
@@ -197,13 +215,17 @@ class SessionView(BaseModel):
 
 
 def fuse_with_first_stage(
-    candidates: Sequence[Candidate], scores: np.ndarray, order: Sequence[int]
-) -> list[int]:
-    """THE fusion hook: the served order of ``candidates`` given the reranker's ``scores`` (log-
-    odds, candidate order) and its ranking ``order`` (best first). Fusion of the first-stage
-    and reranker rankings plugs in here; until it does, the reranker's order is returned
-    unchanged."""
-    return [int(i) for i in order]
+    candidates: Sequence[Candidate], scores: np.ndarray, config: FusionConfig
+) -> Fused:
+    """The served order of ``candidates`` given the reranker's ``scores`` (log-odds, candidate
+    order): :func:`acare_ray.fusion.fuse` with the first stage's ranks and scores (the one tie
+    rule; ``none`` is the reranker's order, ties by first-stage rank)."""
+    return fuse(
+        scores,
+        config,
+        first_stage_scores=[c.score for c in candidates],
+        first_stage_ranks_=[c.rank for c in candidates],
+    )
 
 
 def unseen_first(order: Sequence[int], doc_ids: Sequence[str], seen: set[str]) -> list[int]:
@@ -219,6 +241,7 @@ def search_routes(
     max_documents: int,
     client_of: Callable[[Request], str],
     replica: str | None = None,
+    fitted_fusion: FusionConfig | None = None,
 ) -> Callable[[FastAPI, RunFn], None]:
     """A function that adds the search and session routes to an app built by
     :func:`acare_ray.online.http.create_api` (which hands it its ``run``)."""
@@ -262,9 +285,11 @@ def search_routes(
                 response,
             )
             rerank_ms = (time.perf_counter() - started) * 1000
-            order = fuse_with_first_stage(candidates, scores, rank_order(scores))
+            fusion = resolve(body.fusion, fitted_fusion)
+            fused = fuse_with_first_stage(candidates, scores, fusion)
+            response.headers["x-acare-fusion"] = fusion.label
             doc_ids = [c.doc_id for c in candidates]
-            served = unseen_first(order, doc_ids, seen)[:top_k]
+            served = unseen_first([int(i) for i in fused.order], doc_ids, seen)[:top_k]
             probabilities = relevance(scores)
             hits = [
                 SearchHit(
@@ -275,6 +300,7 @@ def search_routes(
                     relevance_score=float(probabilities[i]),
                     first_stage_rank=candidates[i].rank,
                     first_stage_score=candidates[i].score,
+                    fused_score=float(fused.values[i]) if fusion.enabled else None,
                     seen=candidates[i].doc_id in seen,
                 )
                 for i in served
@@ -290,6 +316,7 @@ def search_routes(
                 id=str(uuid.uuid4()),
                 session_id=body.session_id,
                 mode=job.mode.value,
+                fusion=fusion.label,
                 results=hits,
                 usage=SearchUsage(
                     input_tokens=tokens,

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from acare_ray.cli import main
 from acare_ray.context import AgentContext
 from acare_ray.data.bm25 import BM25Index
+from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.http import Scored, client_of, create_api
 from acare_ray.online.service import ClientError, Limits, RerankService
 from acare_ray.scorer import rank_order
@@ -121,6 +122,39 @@ def test_search_equals_first_stage_then_rerank_computed_by_hand(app, tiny_scorer
     assert got["usage"]["first_stage"] == "bm25" and got["usage"]["input_tokens"] > 0
     assert all(not h["seen"] for h in got["results"])
     assert answer.headers["x-acare-tokens"] == str(got["usage"]["input_tokens"])
+
+
+@pytest.mark.parametrize("setting", ["rrf:k=60,weight=0.5", "linear:alpha=0.3"])
+def test_search_fuses_with_the_first_stage_as_fuse_by_hand(app, tiny_scorer, setting):
+    """Issue 20/24: the search's order is fuse() of the reranker's log-odds with the BM25 ranks
+    and scores, computed here by hand; ``fusion`` defaults to the checkpoint's fitted setting
+    (none for this one: the reranker's order, ties by BM25 rank)."""
+    client, _ = app
+    body = {"query": QUERY, "original_question": QUESTION, "reasoning": REASONING, "top_k": 8}
+    texts = [f"{r['title']}\n{r['text']}" for r in CORPUS]
+    positions, bm25 = BM25Index(texts).search([QUERY], 8)
+    candidates = [CORPUS[int(i)] for i in positions[0]]
+    documents = [document_text(c["title"], c["text"]) for c in candidates]
+    scores = tiny_scorer.score(
+        AgentContext(QUERY, question=QUESTION, reasoning=REASONING), documents
+    )
+    config = FusionConfig.parse(setting)
+    fused = fuse(scores, config, [float(x) for x in bm25[0]], list(range(1, 9)))
+    answer = client.post("/v1/search", json=body | {"fusion": setting})
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert got["fusion"] == config.label == answer.headers["x-acare-fusion"]
+    assert [h["doc_id"] for h in got["results"]] == [
+        candidates[int(i)]["doc_id"] for i in fused.order
+    ]
+    np.testing.assert_allclose(
+        [h["fused_score"] for h in got["results"]], fused.values[fused.order], atol=1e-6
+    )
+    default = client.post("/v1/search", json=body).json()
+    assert default["fusion"] == "none"
+    assert all("fused_score" not in h for h in default["results"])
+    bad = client.post("/v1/search", json=body | {"fusion": "rrf:k=-1"})
+    assert bad.status_code == 422 and "fusion" in bad.text
 
 
 def test_first_stage_ranks_are_the_bm25_ranks(app, index_dir):
