@@ -111,6 +111,8 @@ class CrossEncoderBackend:
         """Pair ids (special tokens, context block, document cut to the room left) per document."""
         firsts, seconds, rooms = [], [], []
         for context, mode, docs in searches:
+            if context.instruction is not None:
+                raise ValueError("instruction: a cross-encoder has no instruction line")
             if not docs:
                 continue
             first = self.context_ids(context, mode)

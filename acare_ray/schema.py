@@ -58,10 +58,13 @@ SEARCHES = pa.schema(
         ("answer", pa.string()),
         ("supporting_docs", pa.list_(pa.string())),
         ("judge_ok", pa.bool_()),
+        ("instruction", pa.string()),
     ]
 )
 """One row per agent search. Required: ``search_id``, ``sub_query``, non-empty ``candidates``.
-``answer``, ``supporting_docs`` and ``judge_ok`` (False = failed trajectory) serve relabeling."""
+``answer``, ``supporting_docs`` and ``judge_ok`` (False = failed trajectory) serve relabeling.
+``instruction`` (optional, untrusted text) replaces the prompt's ``<Instruct>:`` line for this
+search (causal backend; null: the mode's default)."""
 
 RERANK_OUTPUT = pa.schema(
     [
@@ -84,6 +87,7 @@ TRAINING_GROUPS = pa.schema(
         ("reasoning", pa.string()),
         ("positive", DOCUMENT),
         ("negatives", pa.list_(DOCUMENT)),
+        ("instruction", pa.string()),
     ]
 )
 """One LCE group: the positive and its negatives. ``session_id`` is the train/validation split
@@ -213,7 +217,12 @@ class _Row:
 
     def context(self) -> AgentContext:
         sub_query = self.field("sub_query", required=True)
-        return AgentContext(sub_query, self.field("question"), self.field("reasoning"))
+        return AgentContext(
+            sub_query,
+            self.field("question"),
+            self.field("reasoning"),
+            instruction=self.field("instruction"),
+        )
 
 
 def parse_search(row: Mapping[str, Any], index: int | None = None) -> Search:

@@ -58,6 +58,7 @@ def test_schemas_have_the_design_columns_and_types():
     ]
     assert cand.field("relevance").type == pa.int32()
     assert SEARCHES.field("judge_ok").type == pa.bool_()
+    assert SEARCHES.field("instruction").type == pa.string()
     ranked = RERANK_OUTPUT.field("ranking").type.value_type
     assert ranked.field("score").type == pa.float32() and ranked.field("rank").type == pa.int32()
     assert ranked.field("fused").type == pa.float64()
@@ -70,6 +71,7 @@ def test_schemas_have_the_design_columns_and_types():
         "reasoning",
         "positive",
         "negatives",
+        "instruction",
     ]
 
 

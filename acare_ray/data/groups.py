@@ -85,6 +85,7 @@ def searches_to_groups(table: pa.Table, negatives: int = 7, seed: int = 0) -> pa
                     "reasoning": ctx.reasoning,
                     "positive": _doc(positive),
                     "negatives": [_doc(c) for c in chosen],
+                    "instruction": ctx.instruction,
                 }
             )
     counts["groups"] = len(rows)

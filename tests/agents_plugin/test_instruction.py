@@ -105,3 +105,67 @@ def test_cross_encoder_refuses_an_instruction(minilm_scorer):
     with pytest.raises(ClientError, match="instruction: the served model"):
         service.prepare(Search("q", ["d"], instruction="Find it"))
     assert service.prepare(Search("q", ["d"])).documents == ("d",)
+
+
+def search_row(search_id: str, instruction: str | None) -> dict:
+    return {
+        "search_id": search_id,
+        "session_id": "s",
+        "sub_query": "capital population",
+        "question": "What is the population of the capital of Velmoria?",
+        "reasoning": None,
+        "candidates": [
+            {"doc_id": "a", "text": "Ostrava is the capital of Velmoria.", "relevance": 1},
+            *(
+                {"doc_id": f"n{i}", "text": f"Unrelated page {i}.", "relevance": 0}
+                for i in range(3)
+            ),
+        ],
+        "instruction": instruction,
+    }
+
+
+def test_an_instruction_column_reaches_offline_scoring(tiny_scorer, minilm_scorer):
+    """Issue 24 item 4 offline: a search row's ``instruction`` replaces the <Instruct> line in
+    ``acare rerank``/``eval`` scoring exactly as a request's does; a cross-encoder names it as
+    the row's error instead of ignoring it."""
+    from acare_ray.offline.score import rerank_rows
+
+    custom = "Find the passage that gives the population figure"
+    rows = [search_row("with", custom), search_row("without", None)]
+    out = {r["search_id"]: r for r in rerank_rows(tiny_scorer, rows, ("M2",), None)}
+    docs = [c["text"] for c in rows[0]["candidates"]]
+    base = AgentContext(rows[0]["sub_query"], question=rows[0]["question"])
+    for search_id, context in (
+        ("with", AgentContext(base.sub_query, question=base.question, instruction=custom)),
+        ("without", base),
+    ):
+        expected = dict(zip(["a", "n0", "n1", "n2"], tiny_scorer.score(context, docs, "M2")))
+        got = {r["doc_id"]: r["score"] for r in out[search_id]["ranking"]}
+        assert got == pytest.approx(expected, abs=1e-5)
+    assert out["with"]["ranking"] != out["without"]["ranking"]
+    crossed = {r["search_id"]: r for r in rerank_rows(minilm_scorer, rows, ("M2",), None)}
+    assert "instruction" in crossed["with"]["error"] and crossed["without"]["error"] is None
+
+
+def test_an_instruction_travels_from_searches_to_training_prompts(tiny_scorer):
+    """Issue 24 item 4 training: ``searches_to_groups`` keeps a search's instruction, the group
+    table carries it, and the training prompt the collator builds uses it (dropout leaves it)."""
+    import pyarrow as pa
+
+    from acare_ray.context import FieldDropout
+    from acare_ray.data.groups import searches_to_groups
+    from acare_ray.schema import SEARCHES, parse_group
+    from acare_ray.training.collator import GroupCollator
+
+    custom = "Find the passage that gives the population figure"
+    table = pa.Table.from_pylist([search_row("with", custom)], schema=SEARCHES)
+    groups = searches_to_groups(table, negatives=3)
+    (row,) = groups.to_pylist()
+    assert row["instruction"] == custom
+    group = parse_group(row)
+    collator = GroupCollator(tiny_scorer.backend, group_size=4, dropout=FieldDropout(1.0, 1.0))
+    context, mode = collator.prompt(group, epoch=0)
+    assert context.instruction == custom and mode == Mode.M0
+    encoder = tiny_scorer.backend.encoder
+    assert f"<Instruct>: {custom}\n" in encoder.prefix_text(context, mode)
