@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
@@ -115,6 +116,19 @@ class EvalConfig:
             raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
 
 
+def texts(array: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """A string array as Python strings; values that are not valid UTF-8 (a bad cell in the
+    input) come back in :func:`~acare_ray.offline.resume.canonical_id` form instead of failing
+    the whole evaluation (their search's rerank row already carries the error)."""
+    try:
+        return array.to_pylist()
+    except UnicodeDecodeError:
+        from acare_ray.offline.resume import canonical_id
+
+        raw = pc.cast(array, pa.binary()).to_pylist()
+        return [None if value is None else canonical_id(value) for value in raw]
+
+
 def load_qrels(path: str) -> dict[str, dict[str, int]]:
     """``{search_id: {doc_id: relevance}}`` from the candidates' labels (unjudged left out),
     streaming the input in batches and reading only ids and labels from the candidate lists."""
@@ -125,9 +139,9 @@ def load_qrels(path: str) -> dict[str, dict[str, int]]:
         candidates = batch.column("candidates")
         flat = pc.list_flatten(candidates)
         parents = pc.list_parent_indices(candidates).to_pylist()
-        doc_ids = pc.struct_field(flat, "doc_id").to_pylist()
+        doc_ids = texts(pc.struct_field(flat, "doc_id"))
         labels = pc.struct_field(flat, "relevance").to_pylist()
-        ids = batch.column("search_id").to_pylist()
+        ids = texts(batch.column("search_id"))
         for parent, doc_id, rel in zip(parents, doc_ids, labels):
             qid = ids[parent]
             if qid is not None and doc_id is not None and rel is not None:
@@ -150,11 +164,11 @@ def load_first_stage(path: str) -> FirstStage:
         flat = pc.list_flatten(candidates)
         parents = pc.list_parent_indices(candidates).to_pylist()
         n = len(flat)
-        values = [
+        values = [texts(pc.struct_field(flat, "doc_id"))] + [
             pc.struct_field(flat, name).to_pylist() if name in fields else [None] * n
-            for name in ("doc_id", "first_stage_score", "first_stage_rank", "agent_rank")
+            for name in ("first_stage_score", "first_stage_rank", "agent_rank")
         ]
-        ids = batch.column("search_id").to_pylist()
+        ids = texts(batch.column("search_id"))
         for parent, doc_id, score, rank, agent in zip(parents, *values):
             qid = ids[parent]
             if qid is None or doc_id is None:

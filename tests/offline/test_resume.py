@@ -212,3 +212,28 @@ def test_the_lock_of_a_dead_process_on_this_host_is_taken_over(tmp_path):
     with OutputLock(fs, root, "next-run"):
         assert json.loads(lock.read_text())["run_id"] == "next-run"
     shutil.rmtree(root)
+
+
+def test_eval_reads_labels_and_first_stage_around_a_cell_that_is_not_utf8(tmp_path):
+    """Pins a gap left by the per-row UTF-8 fix: ``acare eval`` read the input's ids and labels
+    with a plain ``to_pylist``, so one bad ``search_id`` or ``doc_id`` failed the evaluation
+    after scoring. Those values now come back escaped (``canonical_id`` form, as the search's
+    error row names it) and every other search is read as before."""
+    import pyarrow.parquet as pq
+
+    from acare_ray.offline.evaluate import load_first_stage, load_qrels
+
+    ids = invalid_utf8([b"good", b"bad\xff"])
+    doc_ids = invalid_utf8([b"a", b"b", b"c\xfe", b"d"])
+    candidates = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4], pa.int32()),
+        pa.StructArray.from_arrays(
+            [doc_ids, pa.array(["A", "B", "C", "D"]), pa.array([1, 0, 1, 0], pa.int32())],
+            names=["doc_id", "text", "relevance"],
+        ),
+    )
+    pq.write_table(pa.table({"search_id": ids, "candidates": candidates}), tmp_path / "in.parquet")
+    qrels = load_qrels(str(tmp_path / "in.parquet"))
+    assert qrels == {"good": {"a": 1, "b": 0}, "bad\\xff": {"c\\xfe": 1, "d": 0}}
+    first = load_first_stage(str(tmp_path / "in.parquet"))
+    assert first["good"][0] == ["a", "b"] and first["bad\\xff"][0] == ["c\\xfe", "d"]
