@@ -28,11 +28,28 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    model_validator,
+)
 
 from acare_ray.fusion import Fused, FusionConfig, fuse, resolve
 
 FiniteScore = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+
+
+def _fusion_parses(value: str | None) -> str | None:
+    if value is not None and value.strip() != "auto":
+        FusionConfig.parse(value)
+    return value
+
+
+FusionSetting = Annotated[str | None, AfterValidator(_fusion_parses)]
+"""A request's ``fusion`` field: the text form of a setting, ``auto`` or None (checked here)."""
 
 
 class FirstStageFields(BaseModel):
@@ -50,19 +67,12 @@ class FirstStageFields(BaseModel):
         False,
         description="The documents come in first-stage order, best first. Turns fusion on.",
     )
-    fusion: str | None = Field(
+    fusion: FusionSetting = Field(
         None,
         description="none | rrf[:k=60,weight=0.5] | linear[:alpha=0.5] | auto (default: the "
         "setting fitted for the served checkpoint, none if it has none). Used only with "
         "first_stage_scores or first_stage_order.",
     )
-
-    @field_validator("fusion")
-    @classmethod
-    def _fusion_parses(cls, value: str | None) -> str | None:
-        if value is not None and value.strip() != "auto":
-            FusionConfig.parse(value)
-        return value
 
     @model_validator(mode="after")
     def _first_stage_fits(self) -> FirstStageFields:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from acare_ray.fusion import Fused, FusionConfig, fuse, resolve
 from acare_ray.online.api import AgentFields, relevance
+from acare_ray.online.first_stage import FusionSetting
 from acare_ray.online.service import ClientError, ScoringJob, Search
 from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
 from acare_ray.search.sessions import SessionLimits, SessionMemory
@@ -148,19 +149,12 @@ class SearchRequest(AgentFields):
     max_tokens_per_doc: int | None = Field(
         None, ge=1, description="Cut each candidate to this many tokens before scoring."
     )
-    fusion: str | None = Field(
+    fusion: FusionSetting = Field(
         None,
         description="none | rrf[:k=60,weight=0.5] | linear[:alpha=0.5] | auto (default: the "
         "setting fitted for the served checkpoint, none if it has none): how the reranker's "
         "scores are fused with the first stage's.",
     )
-
-    @field_validator("fusion")
-    @classmethod
-    def _fusion_parses(cls, value: str | None) -> str | None:
-        if value is not None and value.strip() != "auto":
-            FusionConfig.parse(value)
-        return value
 
     @field_validator("query")
     @classmethod
