@@ -29,11 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from acare_ray.context import AgentContext, Mode
+from acare_ray.untrusted import CHARS_PER_TOKEN_BOUND, MIN_PRECUT_CHARS
 
-# Documents longer than this many characters per allowed token are cut before tokenizing: a
-# token spans at most a few dozen characters, and the full text is re-tokenized whenever the
-# cut piece turns out shorter than the limit.
-CHARS_PER_TOKEN_BOUND = 8
 # Typical UTF-8 bytes per token of English text for BPE/WordPiece vocabularies.
 BYTES_PER_TOKEN = 4
 
@@ -96,7 +93,7 @@ class TokenLayout:
         long = [i for i, size in enumerate(sizes) if size > limit]
         if not long:
             return FittedDocuments(texts, kept, original, exact)
-        chars = max(CHARS_PER_TOKEN_BOUND * limit, 4096)
+        chars = max(CHARS_PER_TOKEN_BOUND * limit, MIN_PRECUT_CHARS)
         pieces = {i: documents[i][-chars:] if keep_end else documents[i][:chars] for i in long}
         for i, (ids, offsets) in zip(long, self._encode([pieces[i] for i in long])):
             doc, piece = documents[i], pieces[i]
