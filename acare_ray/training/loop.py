@@ -4,7 +4,8 @@ The model trained is the module that serves: :class:`~acare_ray.causal_lm.Prefix
 causal LMs (several groups per forward, each prefix run once) or :class:`PairScorer` around the
 cross-encoder's ``forward_ids``. Scores are the raw log-odds of the scoring contract; the loss is
 :func:`acare_ray.loss.lce_loss` (temperature only there). On CUDA the forward runs under bf16
-autocast over float32 weights; on CPU everything is float32.
+autocast over float32 weights; on CPU everything is float32 unless ``cpu_bf16`` asks for bf16
+autocast there too.
 """
 
 from __future__ import annotations
@@ -60,10 +61,13 @@ def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
     return math.floor(total_steps * warmup_ratio)
 
 
-def autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; nothing on CPU (float32)."""
+def autocast(device: torch.device, cpu_bf16: bool = False) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; on CPU float32, or bf16 autocast when ``cpu_bf16`` (a speed
+    lever on CPUs with native bf16 instructions; docs/speed.md has its measurement)."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if cpu_bf16:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -103,6 +107,7 @@ def train_step(
     temperature: float,
     max_grad_norm: float | None,
     device: torch.device,
+    cpu_bf16: bool = False,
 ) -> StepStats:
     """Forward/backward over ``batches`` (gradient accumulation), clip, step, schedule.
 
@@ -117,7 +122,7 @@ def train_step(
     for i, batch in enumerate(batches):
         last = i == len(batches) - 1
         with _no_sync(model, skip=not last):
-            with autocast(device):
+            with autocast(device, cpu_bf16):
                 scores = model(*batch.to(device).inputs())
             loss = lce_loss(scores, group_size=group_size, temperature=temperature)
             (loss / len(batches)).backward()

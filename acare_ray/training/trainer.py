@@ -95,9 +95,9 @@ class WorkerRun:
 
         if self.rank == 0:  # what a killed save left behind; no save is under way yet
             shutil.rmtree(ckpt.staging_root(config.output, config.name), ignore_errors=True)
-        self.train, self.val = load_splits(config)
-        self.per_epoch = steps_per_epoch(len(self.train), config)
-        self.total = total_steps(len(self.train), config)
+        self.train, self.val, self.sizes = load_splits(config)
+        self.per_epoch = steps_per_epoch(self.sizes, config)
+        self.total = total_steps(self.sizes, config)
         self.start_step, self.history, self.resumes, trainer_state = 0, [], [], None
         self.optimizer_restarts: list[int] = []
         restored = ray.train.get_checkpoint()
@@ -161,7 +161,12 @@ class WorkerRun:
         try:
             with ckpt.full_parameters(self.model):
                 return validate(
-                    self.scorer, self.val, self.config.eval_modes, self.rank, self.world
+                    self.scorer,
+                    self.val,
+                    self.config.eval_modes,
+                    self.rank,
+                    self.world,
+                    self.config.temperature,
                 )
         finally:
             self.module.train()
@@ -184,7 +189,7 @@ class WorkerRun:
             torch.manual_seed(_step_seed(config.seed, step, self.rank))
             batches = [
                 self.collator([self.train[i] for i in part], epoch)
-                for part in step_groups(len(self.train), config, step, self.rank)
+                for part in step_groups(self.sizes, config, step, self.rank)
             ]
             stats = train_step(
                 self.model,
@@ -195,6 +200,7 @@ class WorkerRun:
                 temperature=config.temperature,
                 max_grad_norm=config.max_grad_norm,
                 device=self.device,
+                cpu_bf16=config.cpu_bf16,
             )
             losses.append(stats.loss)
             done = step + 1
@@ -298,7 +304,9 @@ def run(config: TrainConfig) -> Path:
 
     config = replace(
         config,
-        data=_absolute(config.data),
+        data=_absolute(config.data)
+        if isinstance(config.data, str)
+        else tuple(_absolute(p) for p in config.data),
         val_data=_absolute(config.val_data),
         model=_absolute(config.model),
     )

@@ -1,10 +1,13 @@
-"""Validation during training: nDCG@10 per mode on held-out groups, through ``Scorer``.
+"""Validation during training: nDCG@10 and the LCE loss per mode on held-out groups, through
+``Scorer``.
 
 Each validation group is one query: its positive is judged relevant (1), its negatives not (0).
 A mode is evaluated on the groups whose context has that mode's fields (M2 needs a question,
 M1 a reasoning, M3 both), with the dropout-free context, by the same ``Scorer.score_many`` that
 serves. Under several workers each scores a share of the groups and the runs are gathered, so
-every rank returns the same figures.
+every rank returns the same figures. The loss (``val/loss/<mode>``) is the training objective
+on those same scores (:func:`acare_ray.loss.lce_loss` at the run's temperature), so it is
+comparable to the logged training loss except that training drops context fields.
 """
 
 from __future__ import annotations
@@ -12,12 +15,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from acare_ray.context import Mode
+from acare_ray.loss import DEFAULT_TEMPERATURE, lce_loss
 from acare_ray.metrics import evaluate
 from acare_ray.schema import Group
 
 MEASURE = "nDCG@10"
 CHUNK_GROUPS = 32
+
+
+def group_loss(
+    groups: Sequence[Group], run: dict[str, dict[str, float]], temperature: float
+) -> float:
+    """Mean LCE loss of ``run`` over ``groups`` (positive first in each)."""
+    rows = [[run[g.group_id][d.doc_id] for d in (g.positive, *g.negatives)] for g in groups]
+    scores = torch.tensor(rows, dtype=torch.float32)
+    return float(lce_loss(scores, scores.shape[1], temperature))
 
 
 def metric_key(mode: Mode | str, measure: str = MEASURE) -> str:
@@ -68,8 +83,10 @@ def validate(
     modes: Sequence[Mode | str],
     rank: int = 0,
     world_size: int = 1,
+    temperature: float = DEFAULT_TEMPERATURE,
 ) -> dict[str, float]:
-    """``{"val/nDCG@10/M0": ..., ...}`` for each mode with at least one eligible group.
+    """``{"val/nDCG@10/M0": ..., "val/loss/M0": ..., ...}`` for each mode with at least one
+    eligible group.
 
     All ranks must call it with the same ``groups`` and ``modes`` (it gathers across them).
     """
@@ -80,4 +97,5 @@ def validate(
             continue
         run = _gather(score_groups(scorer, chosen[rank::world_size], mode), world_size)
         metrics[metric_key(mode)] = evaluate(qrels_of(chosen), run, [MEASURE]).mean[MEASURE]
+        metrics[metric_key(mode, "loss")] = group_loss(chosen, run, temperature)
     return metrics

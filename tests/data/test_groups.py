@@ -75,3 +75,66 @@ def test_bad_search_row_raises_with_its_name():
         )
     with pytest.raises(ValueError, match="statistics"):
         group_stats(pa.Table.from_pylist([], schema=TRAINING_GROUPS))
+
+
+def test_hard_negatives_are_the_top_scored_and_the_rest_a_seeded_sample():
+    """hard=k: the k highest first-stage scores, then a seeded sample of the other non-relevant
+    candidates (never the easiest-first order the all-hard rule would give)."""
+    scores = [float(s) for s in range(20)]  # d19 is the hardest
+    rels = [1] + [0] * 19
+    table = _table(_search("s", rels, scores))
+    picks = {
+        seed: [
+            d["doc_id"]
+            for d in searches_to_groups(table, 7, seed, hard=3).to_pylist()[0]["negatives"]
+        ]
+        for seed in range(4)
+    }
+    for chosen in picks.values():
+        assert chosen[:3] == ["s-d19", "s-d18", "s-d17"]
+        assert len(set(chosen)) == 7 and "s-d0" not in chosen
+        assert not set(chosen[3:]) & {"s-d19", "s-d18", "s-d17"}
+    assert len({tuple(c[3:]) for c in picks.values()}) > 1  # the random part depends on the seed
+    assert (
+        searches_to_groups(table, 7, 1, hard=3).to_pylist()
+        == searches_to_groups(table, 7, 1, hard=3).to_pylist()
+    )
+    all_hard = searches_to_groups(table, 7, 0, hard=7).to_pylist()[0]["negatives"]
+    assert [d["doc_id"] for d in all_hard] == [f"s-d{i}" for i in range(19, 12, -1)]
+    with pytest.raises(ValueError, match="hard must be in 0..negatives"):
+        searches_to_groups(table, 7, 0, hard=8)
+
+
+def test_with_bm25_scores_scores_each_candidate_for_its_own_sub_query():
+    from acare_ray.data.bm25 import BM25Index
+    from acare_ray.data.groups import with_bm25_scores
+
+    rows = [
+        {
+            "search_id": "a",
+            "sub_query": "volcano eruption",
+            "candidates": [
+                {"doc_id": "1", "text": "a volcano eruption in Iceland", "relevance": 1},
+                {"doc_id": "2", "text": "cheese making in France", "relevance": 0},
+            ],
+        },
+        {
+            "search_id": "b",
+            "sub_query": "cheese",
+            "candidates": [
+                {"doc_id": "2", "text": "cheese making in France", "relevance": 1},
+                {"doc_id": "3", "text": "the volcano of Etna", "relevance": 0},
+            ],
+        },
+    ]
+    scored = with_bm25_scores(_table(*rows)).to_pylist()
+    pool = ["a volcano eruption in Iceland", "cheese making in France", "the volcano of Etna"]
+    index = BM25Index(pool)
+    assert [c["first_stage_score"] for c in scored[0]["candidates"]] == pytest.approx(
+        list(index.scores("volcano eruption", [0, 1]))
+    )
+    assert [c["first_stage_score"] for c in scored[1]["candidates"]] == pytest.approx(
+        list(index.scores("cheese", [1, 2]))
+    )
+    assert scored[0]["candidates"][0]["first_stage_score"] > 0
+    assert scored[0]["candidates"][1]["first_stage_score"] == 0
