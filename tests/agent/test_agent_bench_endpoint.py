@@ -73,12 +73,14 @@ def served(tiny_qwen3_dir, tmp_path_factory, require_data):
         )
         assert done.returncode == 0, done.stderr[-3000:]
     port = free_port()
-    command = as_argv(serve, **{"./model": str(tiny_qwen3_dir), "8000": str(port)})
+    swap = {"./model": str(tiny_qwen3_dir), "8000": str(port)}
+    # run from the repository (serve's default --config is relative to it)
+    command = as_argv(serve, **swap, **{"agent-index": str(workdir / "agent-index")})
     command += ["--address", "local"]
     env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
     log_path = workdir / "serve.log"
     log = log_path.open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
