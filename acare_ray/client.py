@@ -127,6 +127,7 @@ def search_body(
     instruction: str | None = None,
     first_stage_k: int | None = None,
     max_tokens_per_doc: int | None = None,
+    fusion: str | None = None,
 ) -> dict[str, Any]:
     """The ``/v1/search`` JSON body (fields left ``None`` are not sent)."""
     return _drop_none(
@@ -141,6 +142,7 @@ def search_body(
             "instruction": instruction,
             "first_stage_k": first_stage_k,
             "max_tokens_per_doc": max_tokens_per_doc,
+            "fusion": fusion,
         }
     )
 

@@ -43,10 +43,20 @@ class SearchHitOut(BaseModel):
     seen: bool = Field(description="Already returned earlier in this session.")
 
 
+class SearchTimings(BaseModel):
+    """Where the search's time went on the server (its ``usage``), for harnesses that measure."""
+
+    first_stage_ms: float | None = None
+    rerank_ms: float | None = None
+    session_ms: float | None = Field(None, description="Reading and writing session memory.")
+    candidates: int | None = Field(None, description="Documents the first stage returned.")
+
+
 class SearchOut(BaseModel):
     results: list[SearchHitOut] = Field(description="Best first, unseen pages first.")
     mode: str = Field(description="Which context fields the reranker read (M0..M3).")
     tokens: int = Field(description="Tokens the reranker scored.")
+    timings: SearchTimings | None = None
 
 
 class RerankHitOut(BaseModel):
@@ -107,6 +117,7 @@ def build_server(client: Any, name: str = "acare") -> Any:
             ],
             mode=found.mode,
             tokens=int(found.usage.get("input_tokens", 0)),
+            timings=SearchTimings(**{k: found.usage.get(k) for k in SearchTimings.model_fields}),
         )
 
     @server.tool(structured_output=True)

@@ -32,7 +32,15 @@ from acare_ray.agent.rerankers import (
     fusion_setting,
 )
 from acare_ray.agent.simulate import TaskResult, progress_printer, run_sessions
-from acare_ray.agent.tasks import SPLITS, Task, build_tasks, records_by_id, select_records
+from acare_ray.agent.tasks import (
+    SPLITS,
+    Corpus,
+    Task,
+    build_tasks,
+    records_by_id,
+    select_records,
+    write_corpus,
+)
 from acare_ray.fusion import FusionConfig, resolve
 from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
@@ -49,7 +57,11 @@ class AgentBenchConfig:
     BM25 system beside an oracle, model or endpoint. ``task_ids``, when given, is the task list
     itself (MuSiQue ids, in that order) instead of a draw of ``tasks`` by ``seed`` from
     ``split``. ``fusion``: settings (text form, or ``auto``: the model's fitted one, or the
-    endpoint's) that each add the fused system ``<mode>+<setting>`` beside every mode."""
+    endpoint's) that each add the fused system ``<mode>+<setting>`` beside every mode.
+    ``search_endpoint`` (a base URL serving ``/v1/search`` over this run's corpus) adds
+    ``<mode> (search)`` for each of ``modes`` (and each fused setting): server-side first stage,
+    rerank and session memory; ``mcp`` (an ``acare mcp`` URL or stdio command) adds
+    ``auto (mcp)``, its ``search`` tool (:mod:`acare_ray.agent.searchers`)."""
 
     out: str
     tasks: int = 100
@@ -74,6 +86,8 @@ class AgentBenchConfig:
     task_ids: tuple[str, ...] | None = None
     corpus: str = "all"
     fusion: tuple[str, ...] = ()
+    search_endpoint: str | None = None
+    mcp: str | None = None
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
@@ -88,12 +102,20 @@ class AgentBenchConfig:
             raise ValueError("--model goes with the model reranker (and only with it)")
         if (self.reranker == "endpoint") != (self.endpoint is not None):
             raise ValueError("--endpoint goes with the endpoint reranker (and only with it)")
-        if self.reranker in ("model", "endpoint"):
+        if self.reranker in ("model", "endpoint") or self.search_endpoint is not None:
             bad = [m for m in self.modes if m not in MODES]
             if not self.modes or bad or len(set(self.modes)) != len(self.modes):
                 raise ValueError(f"--modes must be distinct values of {', '.join(MODES)}")
-        if self.fusion and self.reranker not in ("model", "endpoint"):
-            raise ValueError("--fusion goes with --model or --endpoint")
+        if (
+            self.fusion
+            and self.reranker not in ("model", "endpoint")
+            and self.search_endpoint is None
+        ):
+            raise ValueError("--fusion goes with --model, --endpoint or --search-endpoint")
+        for name in ("search_endpoint", "mcp"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise ValueError(f"--{name.replace('_', '-')} is empty")
         for setting in self.fusion:
             try:
                 fusion_setting(setting)
@@ -143,7 +165,31 @@ def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker
                         config.endpoint, mode, config.endpoint_model, config.api_key, fusion=fusion
                     )
                 )
+    try:
+        if config.search_endpoint is not None:
+            from acare_ray.agent.searchers import SearchEndpoint
+
+            settings = list(dict.fromkeys(filter(None, map(fusion_setting, config.fusion))))
+            for mode in config.modes:
+                for fusion in [None, *settings]:
+                    systems.append(
+                        SearchEndpoint(config.search_endpoint, mode, config.api_key, fusion=fusion)
+                    )
+        if config.mcp is not None:
+            from acare_ray.agent.searchers import McpSearch
+
+            systems.append(McpSearch(config.mcp))
+    except BaseException:
+        close_all(systems)
+        raise
     return systems
+
+
+def close_all(systems: list[Any]) -> None:
+    for system in systems:
+        close = getattr(system, "close", None)
+        if close is not None:
+            close()
 
 
 def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
@@ -159,6 +205,17 @@ def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
         if fusion.enabled and fusion not in out:
             out.append(fusion)
     return out
+
+
+def phase_stats(values: list[float | None]) -> dict[str, float] | None:
+    """Mean, p50 and p95 in ms of per-search times in seconds (None: the phase was not
+    measured for this system)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    array = np.asarray(known) * 1000
+    p50, p95 = np.percentile(array, [50, 95])
+    return {"mean": float(array.mean()), "p50": float(p50), "p95": float(p95)}
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -190,6 +247,12 @@ def summarize(results: list[TaskResult], wall_s: float, common: set[str]) -> dic
         "rerank_s_per_task": sum(r.rerank_s for r in results) / n,
         "rerank_tokens_per_task": sum(r.tokens for r in results) / n,
         "latency_ms": _percentiles([s.latency_s for r in results for s in r.searches]),
+        "phases_ms": {
+            "search": phase_stats([s.latency_s for r in results for s in r.searches]),
+            "first_stage": phase_stats([s.first_stage_s for r in results for s in r.searches]),
+            "session": phase_stats([s.session_s for r in results for s in r.searches]),
+            "rerank": phase_stats([s.rerank_s for r in results for s in r.searches]),
+        },
         "searches": total,
         "wall_s": wall_s,
         "searches_per_s": total / wall_s if wall_s > 0 else None,
@@ -265,6 +328,27 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_phases(report: dict[str, Any]) -> str:
+    """Per search, mean / p50 / p95 ms of each phase (``-``: not measured for that system)."""
+
+    def cell(stats: dict[str, float] | None) -> str:
+        if stats is None:
+            return "-"
+        return f"{stats['mean']:.1f} / {stats['p50']:.1f} / {stats['p95']:.1f}"
+
+    lines = [
+        "| system | search | first stage | session store | rerank |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in report["systems"].items():
+        phases = s["phases_ms"]
+        lines.append(
+            f"| {name} | {cell(phases['search'])} | {cell(phases['first_stage'])} "
+            f"| {cell(phases['session'])} | {cell(phases['rerank'])} |"
+        )
+    return "\n".join(lines)
+
+
 def write_markdown(report: dict[str, Any], path: Path) -> None:
     config = report["config"]
     lines = [
@@ -282,11 +366,25 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         f"{config['agents']} agents in flight. Reranker: {config['reranker']}"
         + (f" `{config['model']}`" if config["model"] else "")
         + (f" `{config['endpoint']}`" if config["endpoint"] else "")
+        + (
+            f"; server-side search `{config['search_endpoint']}`"
+            if config.get("search_endpoint")
+            else ""
+        )
+        + (f"; MCP `{config['mcp']}`" if config.get("mcp") else "")
         + ".",
         "",
         f"Common tasks (solved by every system): {report['common_tasks']}.",
         "",
         format_table(report),
+        "",
+        "## Time per search by phase (ms, mean / p50 / p95)",
+        "",
+        "Search: as the agent waits for it. Client-side systems: first stage = BM25 and the"
+        " unseen filter in the bench. Server-side systems (`(search)`, `(mcp)`): the server's"
+        " own `usage` times (first stage, session store read + write, rerank).",
+        "",
+        format_phases(report),
     ]
     if report["tests"]:
         lines += [
@@ -333,17 +431,28 @@ def write_chart(per_system: dict[str, list[TaskResult]], budget_cap: int, path: 
     plt.close(fig)
 
 
-def run(config: AgentBenchConfig) -> dict[str, Any]:
-    """Run every system on the same tasks and write ``agent_bench.{json,md,png}`` into ``out``."""
+def load_tasks(config: AgentBenchConfig) -> tuple[list[Task], Corpus]:
+    """The run's tasks and corpus (``--task-ids`` or the draw, ``--corpus``)."""
     from acare_ray.data.musique import load_musique
 
-    started = time.perf_counter()
     everything = load_musique(config.data_dir)
     if config.task_ids is not None:
         records = records_by_id(everything, config.task_ids)
     else:
         records = select_records(everything, config.tasks, config.seed, config.split)
-    tasks, corpus = build_tasks(records, everything if config.corpus == "all" else ())
+    return build_tasks(records, everything if config.corpus == "all" else ())
+
+
+def export_corpus(config: AgentBenchConfig, path: str | Path) -> int:
+    """Write the corpus ``config`` would search as ``acare index`` input (``write_corpus``);
+    the number of documents."""
+    return write_corpus(load_tasks(config)[1], path)
+
+
+def run(config: AgentBenchConfig) -> dict[str, Any]:
+    """Run every system on the same tasks and write ``agent_bench.{json,md,png}`` into ``out``."""
+    started = time.perf_counter()
+    tasks, corpus = load_tasks(config)
     systems = make_rerankers(config, tasks)
     per_system: dict[str, list[TaskResult]] = {}
     walls: dict[str, float] = {}
@@ -362,10 +471,7 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
                 progress=progress,
             )
     finally:
-        for reranker in systems:
-            close = getattr(reranker, "close", None)
-            if close is not None:
-                close()
+        close_all(systems)
     common = set.intersection(*({r.task_id for r in rs if r.solved} for rs in per_system.values()))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

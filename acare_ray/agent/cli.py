@@ -12,7 +12,13 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def agent_bench_command(args: argparse.Namespace) -> int:
-    from acare_ray.agent.bench import AgentBenchConfig, format_table, run
+    from acare_ray.agent.bench import (
+        AgentBenchConfig,
+        export_corpus,
+        format_phases,
+        format_table,
+        run,
+    )
     from acare_ray.agent.tasks import read_task_ids
 
     if args.model is not None:
@@ -21,10 +27,13 @@ def agent_bench_command(args: argparse.Namespace) -> int:
         reranker = "endpoint"
     else:
         reranker = args.reranker or "none"
+    if args.out is None and args.export_corpus is None:
+        print(f"acare {args.command}: error: --out is required", file=sys.stderr)
+        return 2
     try:
         task_ids = read_task_ids(args.task_ids) if args.task_ids else None
         config = AgentBenchConfig(
-            out=args.out,
+            out=args.out or "",
             tasks=args.tasks,
             seed=args.seed,
             split=args.split,
@@ -46,12 +55,19 @@ def agent_bench_command(args: argparse.Namespace) -> int:
             task_ids=task_ids,
             corpus=args.corpus,
             fusion=tuple(args.fusion or ()),
+            search_endpoint=args.search_endpoint,
+            mcp=args.mcp,
         )
+        if args.export_corpus is not None:
+            written = export_corpus(config, args.export_corpus)
+            print(f"wrote {written} documents to {args.export_corpus}")
+            return 0
         report = run(config)
     except (ValueError, OSError) as err:
         print(f"acare {args.command}: error: {err}", file=sys.stderr)
         return 2
     print(format_table(report))
+    print(format_phases(report))
     print(f"report: {report['files']['markdown']} ({report['wall_s']:.1f} s)")
     return 0
 
@@ -100,5 +116,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--max-batch-tokens", type=int, default=None, help="scorer token budget")
     bench.add_argument("--resamples", type=int, default=10_000, help="randomization resamples")
     bench.add_argument("--progress-every", type=int, default=10, help="progress line every N tasks")
-    bench.add_argument("--out", required=True, help="report folder")
+    bench.add_argument(
+        "--search-endpoint",
+        default=None,
+        help="also run each mode through POST URL/v1/search (server-side first stage, rerank "
+        "and session memory; the app's --index must be this run's --export-corpus)",
+    )
+    bench.add_argument(
+        "--mcp",
+        default=None,
+        help="also run the search tool of an acare mcp server: its streamable HTTP URL "
+        "(http://127.0.0.1:8765/mcp) or a command that starts it over stdio",
+    )
+    bench.add_argument(
+        "--export-corpus",
+        default=None,
+        metavar="JSONL",
+        help="write the corpus these task flags select as `acare index` input, and exit",
+    )
+    bench.add_argument("--out", default=None, help="report folder (required for a run)")
     bench.set_defaults(func=agent_bench_command)

@@ -24,6 +24,12 @@ supporting paragraph has been returned in the session (by this search or an earl
 agent keeps what it read); it then "reads" the step's answer and moves on. A step that uses up its
 budget fails the task. Every step sends at least one search.
 
+With a server-side system (:mod:`acare_ray.agent.searchers`: ``/v1/search`` or the MCP tool)
+each search is one call carrying the session id, the query, the question and the reasoning; the
+server runs the first stage, the reranker and the unseen filter (its session memory), and the
+agent keeps the hits the server marks unseen (:func:`server_search` checks them against what the
+session was shown).
+
 The outcome of a task depends only on its own searches, so it does not depend on how many
 sessions run at once (``agents``) or on their scheduling.
 """
@@ -35,7 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from acare_ray.agent.rerankers import Reranker, RerankRequest, check_order, rerank_counted
@@ -45,6 +51,8 @@ from acare_ray.data.musique import resolve_step, synthetic_reasoning
 SPECIFIC_TERMS = 3
 _REF = re.compile(r"#(\d+)")  # a reference to an earlier step's answer, as in musique.py
 REFORMULATIONS = ("sub_query", "question", "specific_terms")
+# SearchRecord fields that are measurements, not outcomes (rankings decide the rest).
+TIMINGS = ("rerank_s", "latency_s", "tokens", "first_stage_s", "session_s")
 
 
 @dataclass(frozen=True)
@@ -56,8 +64,12 @@ class SearchRecord:
     returned: tuple[str, ...]
     solved: bool
     rerank_s: float
-    latency_s: float  # first stage + rerank
+    latency_s: float  # first stage + rerank (+ session store), as the agent waits for it
     tokens: int = 0  # prompt tokens the reranker scored (0 for BM25 order and the oracle)
+    # Client side: BM25 and the unseen filter; server side (/v1/search, MCP): the server's
+    # first stage and session store (read + write), as its usage reports them.
+    first_stage_s: float | None = None
+    session_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -94,8 +106,7 @@ class TaskResult:
             "searches_per_step": list(self.searches_per_step),
             "session_recall": self.session_recall,
             "searches": [
-                {k: v for k, v in asdict(s).items() if k not in ("rerank_s", "latency_s", "tokens")}
-                for s in self.searches
+                {k: v for k, v in asdict(s).items() if k not in TIMINGS} for s in self.searches
             ],
         }
 
@@ -137,6 +148,120 @@ def agent_reasoning(task: Task, k: int, answers: Sequence[str], failed: Sequence
     return " ".join([base, *notes])
 
 
+def client_search(
+    reranker: Reranker,
+    task: Task,
+    k: int,
+    attempt: int,
+    query: str,
+    reasoning: str,
+    seen: set[str],
+    corpus: Corpus,
+    depth: int,
+    first_stage_k: int,
+) -> SearchRecord:
+    """One search with the first stage and the unseen filter here (``solved`` left False)."""
+    start = time.perf_counter()
+    hits = [
+        (p, s) for p, s in zip(*corpus.search(query, first_stage_k)) if corpus.ids[p] not in seen
+    ]
+    positions = [p for p, _ in hits]
+    request = RerankRequest(
+        query=query,
+        question=task.question,
+        reasoning=reasoning,
+        documents=tuple(corpus.texts[p] for p in positions),
+        doc_ids=tuple(corpus.ids[p] for p in positions),
+        first_stage_scores=tuple(s for _, s in hits),
+        task_id=task.task_id,
+        step=k,
+    )
+    ranked = time.perf_counter()
+    order, tokens = rerank_counted(reranker, request, depth) if positions else ([], 0)
+    order = check_order(order, len(positions), depth, f"reranker {reranker.name}")
+    end = time.perf_counter()
+    return SearchRecord(
+        step=k,
+        attempt=attempt,
+        reformulation=REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)],
+        query=query,
+        returned=tuple(request.doc_ids[i] for i in order),
+        solved=False,
+        rerank_s=end - ranked,
+        latency_s=end - start,
+        tokens=tokens,
+        first_stage_s=ranked - start,
+    )
+
+
+def server_search(
+    server: Any,
+    session_id: str,
+    task: Task,
+    k: int,
+    attempt: int,
+    query: str,
+    reasoning: str,
+    seen: set[str],
+    corpus: Corpus,
+    depth: int,
+    first_stage_k: int,
+) -> SearchRecord:
+    """One search sent whole to the server (a :class:`~acare_ray.agent.searchers.
+    SessionSearcher`); the agent keeps the hits the server marks unseen.
+
+    The server's answer is checked against the bench's own record of the session: every hit is
+    a document of this run's corpus with the same text, marked seen exactly when the session was
+    shown it before, and the first stage reranked ``min(first_stage_k, corpus size)``
+    candidates; anything else is a ValueError naming the task, the search and the document (a
+    served index that is not this run's corpus, or a session memory that lost or mixed up
+    sessions)."""
+    from acare_ray.agent.searchers import SessionSearch
+
+    where = f"task {task.task_id} step {k} attempt {attempt} ({server.name})"
+    start = time.perf_counter()
+    answer = server.search(
+        SessionSearch(session_id, query, task.question, reasoning, depth, first_stage_k)
+    )
+    end = time.perf_counter()
+    expected = min(first_stage_k, len(corpus))
+    if answer.candidates is not None and answer.candidates != expected:
+        raise ValueError(
+            f"{where}: the server reranked {answer.candidates} candidates, not {expected} "
+            "(its first_stage_k or its index differs from this run's)"
+        )
+    if len(answer.hits) > depth:
+        raise ValueError(f"{where}: {len(answer.hits)} results, more than top_k={depth}")
+    for hit in answer.hits:
+        position = corpus.position.get(hit.doc_id)
+        if position is None or corpus.texts[position] != hit.text:
+            raise ValueError(
+                f"{where}: document {hit.doc_id!r} is not this run's corpus document "
+                "(index the corpus written by --export-corpus with the same task flags)"
+            )
+        if hit.seen != (hit.doc_id in seen):
+            raise ValueError(
+                f"{where}: document {hit.doc_id!r} marked seen={hit.seen}, but the session "
+                f"was {'' if hit.doc_id in seen else 'not '}shown it before"
+            )
+    returned = tuple(h.doc_id for h in answer.hits if not h.seen)
+    if len(set(returned)) != len(returned):
+        raise ValueError(f"{where}: a document is returned twice in one answer")
+    return SearchRecord(
+        step=k,
+        attempt=attempt,
+        reformulation=REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)],
+        query=query,
+        returned=returned,
+        solved=False,
+        rerank_s=answer.rerank_s if answer.rerank_s is not None else end - start,
+        latency_s=end - start,
+        tokens=answer.tokens,
+        first_stage_s=answer.first_stage_s,
+        session_s=answer.session_s,
+    )
+
+
 def run_task(
     task: Task,
     corpus: Corpus,
@@ -146,6 +271,25 @@ def run_task(
     first_stage_k: int = 100,
 ) -> TaskResult:
     """One closed-loop session: each search depends on what the previous ones returned."""
+    server = reranker if getattr(reranker, "server_sessions", False) else None
+    session_id = server.session_id(task.task_id) if server is not None else ""
+    try:
+        return _run_task(task, corpus, reranker, server, session_id, budget, depth, first_stage_k)
+    finally:
+        if server is not None:
+            server.end_session(session_id)
+
+
+def _run_task(
+    task: Task,
+    corpus: Corpus,
+    reranker: Any,
+    server: Any,
+    session_id: str,
+    budget: int,
+    depth: int,
+    first_stage_k: int,
+) -> TaskResult:
     seen: set[str] = set()
     answers: list[str] = []
     records: list[SearchRecord] = []
@@ -156,43 +300,37 @@ def run_task(
         for attempt in range(1, budget + 1):
             query = reformulate(task, k, answers, attempt, corpus)
             reasoning = agent_reasoning(task, k, answers, failed)
-            start = time.perf_counter()
-            hits = [
-                (p, s)
-                for p, s in zip(*corpus.search(query, first_stage_k))
-                if corpus.ids[p] not in seen
-            ]
-            positions = [p for p, _ in hits]
-            request = RerankRequest(
-                query=query,
-                question=task.question,
-                reasoning=reasoning,
-                documents=tuple(corpus.texts[p] for p in positions),
-                doc_ids=tuple(corpus.ids[p] for p in positions),
-                first_stage_scores=tuple(s for _, s in hits),
-                task_id=task.task_id,
-                step=k,
-            )
-            ranked = time.perf_counter()
-            order, tokens = rerank_counted(reranker, request, depth) if positions else ([], 0)
-            order = check_order(order, len(positions), depth, f"reranker {reranker.name}")
-            end = time.perf_counter()
-            returned = tuple(request.doc_ids[i] for i in order)
-            seen.update(returned)
-            solved = task.gold_steps[k] in seen
-            records.append(
-                SearchRecord(
-                    step=k,
-                    attempt=attempt,
-                    reformulation=REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)],
-                    query=query,
-                    returned=returned,
-                    solved=solved,
-                    rerank_s=end - ranked,
-                    latency_s=end - start,
-                    tokens=tokens,
+            if server is not None:
+                record = server_search(
+                    server,
+                    session_id,
+                    task,
+                    k,
+                    attempt,
+                    query,
+                    reasoning,
+                    seen,
+                    corpus,
+                    depth,
+                    first_stage_k,
                 )
-            )
+            else:
+                record = client_search(
+                    reranker,
+                    task,
+                    k,
+                    attempt,
+                    query,
+                    reasoning,
+                    seen,
+                    corpus,
+                    depth,
+                    first_stage_k,
+                )
+            seen.update(record.returned)
+            solved = task.gold_steps[k] in seen
+            record = replace(record, solved=solved)
+            records.append(record)
             if solved:
                 break
             failed.append(query)

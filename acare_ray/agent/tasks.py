@@ -7,11 +7,13 @@ text is canonical and every copy is aliased to it), indexed with :class:`BM25Ind
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import bm25s
@@ -93,6 +95,7 @@ class Corpus:
     def __init__(self, ids: Sequence[str], texts: Sequence[str]) -> None:
         self.ids = list(ids)
         self.texts = list(texts)
+        self.position = {doc_id: i for i, doc_id in enumerate(self.ids)}
         self.index = BM25Index(self.texts)
         self.document_frequency = Counter(t for doc in _tokens(self.texts) for t in set(doc))
         self._lock = threading.Lock()
@@ -119,6 +122,18 @@ class Corpus:
         terms = list(dict.fromkeys(_tokens([text])[0]))
         known = [t for t in terms if self.document_frequency.get(t, 0) > 0]
         return tuple(sorted(known, key=lambda t: self.document_frequency[t]))
+
+
+def write_corpus(corpus: Corpus, path: str | Path) -> int:
+    """The corpus as ``acare index`` input (JSONL rows ``doc_id``, ``text``; the title stays the
+    first line of the text, so the index serves and scores the bench's own document text), in
+    corpus order (which breaks BM25 ties the same way). Returns the rows written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for doc_id, text in zip(corpus.ids, corpus.texts):
+            out.write(json.dumps({"doc_id": doc_id, "text": text}, ensure_ascii=False) + "\n")
+    return len(corpus)
 
 
 def build_tasks(

@@ -26,6 +26,15 @@ from scipy.special import expit
 
 from acare_ray.context import AgentContext
 
+# docs/agents.md section 7, run by tests/agent/test_agent_bench_endpoint.py.
+AGENT_BENCH_COMMANDS = [
+    "acare agent-bench --tasks 100 --seed 0 --export-corpus agent-corpus.jsonl",
+    "acare index --input agent-corpus.jsonl --out agent-index",
+    "acare serve --model ./model --index agent-index --port 8000",
+    "acare agent-bench --tasks 100 --seed 0 --model ./model --modes M3 --search-endpoint "
+    'http://127.0.0.1:8000 --mcp "acare mcp --endpoint http://127.0.0.1:8000" --out agent-search',
+]
+
 pytestmark = pytest.mark.slow
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
@@ -299,10 +308,13 @@ def test_mcp_over_stdio_against_the_service(served):
     assert seen == [h["doc_id"] for h in expected["results"]]
 
 
-def test_every_command_of_the_doc_is_run_by_this_module():
+def test_every_command_of_the_doc_is_run_by_a_test():
+    """Sections 1 to 5 by this module; section 7 (agent-bench through /v1/search and MCP) by
+    tests/agent/test_agent_bench_endpoint.py, which reads the same lines."""
     assert doc_commands() == [
         "acare index --input corpus.jsonl --out my-index",
         "acare serve --model ./model --index my-index --replicas 2 --port 8000",
         "acare mcp --endpoint http://127.0.0.1:8000",
         "acare mcp --endpoint http://127.0.0.1:8000 --transport http --port 8765",
+        *AGENT_BENCH_COMMANDS,
     ]
