@@ -282,7 +282,6 @@ class Reranker:
             settings.client_share,
         )
         self.settings = settings
-        self.metrics.configured(self.service.model_name, settings.max_batch_tokens)
 
     def __serve_build_asgi_app__(self):
         return create_api(
@@ -403,6 +402,7 @@ class Reranker:
             sum(len(job.documents) for job in jobs),
             sum(job.tokens for job in jobs),
             seconds,
+            sum(job.tokens for job in jobs) / self.settings.max_batch_tokens,
         )
         self.stats.record(len(items))
         by_item = {id(item): r for item, r in zip(live, scored)}

@@ -22,7 +22,7 @@ exported name                    type       labels                             w
 ``ray_acare_batch_pairs``        histogram  model                              (query, document) pairs per batch
 ``ray_acare_batch_tokens``       histogram  model                              tokens per batch (``ScoringJob.tokens``)
 ``ray_acare_batch_seconds``      histogram  model                              model time per batch (scoring latency)
-``ray_acare_max_batch_tokens``   gauge      model                              the ``max_batch_tokens`` setting (batch fill)
+``ray_acare_batch_fill``         histogram  model                              batch tokens / ``max_batch_tokens``
 ===============================  =========  =================================  =============================================
 
 Label values come from small fixed sets, never from request text: ``route`` is the app's route
@@ -60,7 +60,7 @@ class MetricSpec:
     ``_total``), its kind, label keys, description and histogram bucket boundaries."""
 
     name: str
-    kind: str  # counter | histogram | gauge
+    kind: str  # counter | histogram
     labels: tuple[str, ...]
     description: str
     boundaries: tuple[float, ...] = ()
@@ -121,9 +121,17 @@ METRICS: tuple[MetricSpec, ...] = (
         "acare_batch_seconds", "histogram", ("model",), "Model seconds per batch.", _SECONDS
     ),
     MetricSpec(
-        "acare_max_batch_tokens", "gauge", ("model",), "The max_batch_tokens setting."
+        "acare_batch_fill",
+        "histogram",
+        ("model",),
+        "Batch tokens over max_batch_tokens.",
+        (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
     ),
 )
+
+
+# Ray Serve's own metrics the dashboard reads (replica count), not recorded by the app.
+SERVE_METRICS = frozenset({"ray_serve_deployment_replica_healthy"})
 
 
 def exported_names() -> frozenset[str]:
@@ -140,7 +148,9 @@ class Recorder(Protocol):
 
     def request(self, model: str, route: str, status: int, mode: str, seconds: float) -> None: ...
 
-    def scored(self, model: str, mode: str, documents: int, tokens: int, truncated: int) -> None: ...
+    def scored(
+        self, model: str, mode: str, documents: int, tokens: int, truncated: int
+    ) -> None: ...
 
     def refused(self, model: str, status: int) -> None: ...
 
@@ -151,9 +161,8 @@ class Recorder(Protocol):
         pairs: int,
         tokens: int,
         seconds: float,
+        fill: float,
     ) -> None: ...
-
-    def configured(self, model: str, max_batch_tokens: int) -> None: ...
 
 
 class ServeMetrics:
@@ -162,7 +171,6 @@ class ServeMetrics:
     def __init__(self) -> None:
         from ray.serve import metrics
 
-        kinds = {"counter": metrics.Counter, "gauge": metrics.Gauge}
         self._m: dict[str, Any] = {}
         for spec in METRICS:
             if spec.kind == "histogram":
@@ -170,7 +178,7 @@ class ServeMetrics:
                     spec.name, spec.description, list(spec.boundaries), tag_keys=spec.labels
                 )
             else:
-                self._m[spec.name] = kinds[spec.kind](
+                self._m[spec.name] = metrics.Counter(
                     spec.name, spec.description, tag_keys=spec.labels
                 )
 
@@ -193,7 +201,13 @@ class ServeMetrics:
         self._m["acare_refusals"].inc(1, {"reason": reason, "model": model})
 
     def batch(
-        self, model: str, waits: Sequence[float], pairs: int, tokens: int, seconds: float
+        self,
+        model: str,
+        waits: Sequence[float],
+        pairs: int,
+        tokens: int,
+        seconds: float,
+        fill: float,
     ) -> None:
         tags = {"model": model}
         for wait in waits:
@@ -203,9 +217,7 @@ class ServeMetrics:
         self._m["acare_batch_pairs"].observe(pairs, tags)
         self._m["acare_batch_tokens"].observe(tokens, tags)
         self._m["acare_batch_seconds"].observe(seconds, tags)
-
-    def configured(self, model: str, max_batch_tokens: int) -> None:
-        self._m["acare_max_batch_tokens"].set(max_batch_tokens, {"model": model})
+        self._m["acare_batch_fill"].observe(fill, tags)
 
 
 class RequestMetrics:
