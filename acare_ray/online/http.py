@@ -53,6 +53,7 @@ from acare_ray.online.api import (
     tei_response,
 )
 from acare_ray.online.first_stage import FirstStageFields, FusedScores, fuse_request
+from acare_ray.online.metrics import MODE_STATE, Recorder, RequestMetrics
 from acare_ray.online.service import ClientError, RerankService, ScoringJob, Search, bounded
 
 CREATED = int(time.time())
@@ -266,6 +267,7 @@ def create_api(
     healthy: Callable[[], bool] | None = None,
     fitted_fusion: FusionConfig | None = None,
     extra_routes: Callable[[FastAPI, Callable[..., Awaitable[Any]]], None] | None = None,
+    metrics: Recorder | None = None,
 ) -> FastAPI:
     """The HTTP app; ``score(job, client)`` scores one prepared job (batched by the caller if it
     wants) or raises :class:`Overloaded`; ``screen`` refuses work before a request body is
@@ -273,7 +275,8 @@ def create_api(
     own for fairness); ``healthy`` says whether ``/health`` answers ok; ``fitted_fusion`` is the
     served checkpoint's fitted fusion, what ``fusion: auto`` means (see
     :mod:`acare_ray.online.first_stage`); ``extra_routes(app, run)`` adds more routes that
-    score through the same ``run`` (``/v1/search``)."""
+    score through the same ``run`` (``/v1/search``); ``metrics`` (if given) records requests
+    and what they scored (:mod:`acare_ray.online.metrics`)."""
     model = service.model_name
     keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
     cohere_body = _with_max_items(CohereRerankRequest, "documents", service.limits.max_documents)
@@ -305,6 +308,7 @@ def create_api(
         """Prepare, score and count one search: (job, log-odds, tokens scored)."""
         job = await asyncio.to_thread(service.prepare, search)
         response.headers["x-acare-mode"] = job.mode.value
+        request.scope.setdefault("state", {})[MODE_STATE] = job.mode.value
         if job.truncated:
             listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
             more = len(job.truncated) - MAX_TRUNCATED_LISTED
@@ -318,6 +322,8 @@ def create_api(
         tokens = await asyncio.to_thread(service.tokens_scored, job)
         response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
         response.headers["x-acare-tokens"] = str(tokens)
+        if metrics is not None:
+            metrics.scored(model, job.mode.value, len(job.documents), tokens, len(job.truncated))
         return job, scored.scores, tokens
 
     def fused(body: FirstStageFields, scores: np.ndarray, response: Response) -> FusedScores | None:
@@ -398,4 +404,7 @@ def create_api(
             ],
         }
 
+    if metrics is not None:  # outermost: sees what the gate refuses too
+        paths = {getattr(route, "path", "") for route in api.routes}
+        api.add_middleware(RequestMetrics, recorder=metrics, model=model, paths=paths)
     return api
