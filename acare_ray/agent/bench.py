@@ -86,6 +86,7 @@ class AgentBenchConfig:
     task_ids: tuple[str, ...] | None = None
     corpus: str = "all"
     fusion: tuple[str, ...] = ()
+    fused_only: bool = False
     search_endpoint: str | None = None
     mcp: str | None = None
 
@@ -154,12 +155,13 @@ def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker
         scorer = Scorer.from_pretrained(config.model, device=config.device, **options)
         lock = threading.Lock()
         for mode in config.modes:
-            systems.append(ScorerReranker(scorer, mode, lock))
+            if not (config.fused_only and fusions):
+                systems.append(ScorerReranker(scorer, mode, lock))
             systems += [ScorerReranker(scorer, mode, lock, fusion) for fusion in fusions]
     elif config.reranker == "endpoint":
         settings = list(dict.fromkeys(filter(None, map(fusion_setting, config.fusion))))
         for mode in config.modes:
-            for fusion in [None, *settings]:
+            for fusion in [None, *settings] if not (config.fused_only and settings) else settings:
                 systems.append(
                     EndpointReranker(
                         config.endpoint, mode, config.endpoint_model, config.api_key, fusion=fusion

@@ -55,6 +55,7 @@ def agent_bench_command(args: argparse.Namespace) -> int:
             task_ids=task_ids,
             corpus=args.corpus,
             fusion=tuple(args.fusion or ()),
+            fused_only=args.fused_only,
             search_endpoint=args.search_endpoint,
             mcp=args.mcp,
         )
@@ -104,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also run each mode fused with the BM25 first stage: rrf[:k=60,weight=0.5], "
         "linear[:alpha=0.5] or auto (the checkpoint's fitted setting; at --endpoint, the "
         "server's); repeatable. --endpoint sends first_stage_scores and fusion",
+    )
+    bench.add_argument(
+        "--fused-only",
+        action="store_true",
+        help="with --fusion (--model or --endpoint): run only the fused systems, not each mode alone",
     )
     bench.add_argument(
         "--no-baseline", action="store_true", help="do not add the BM25 system beside the reranker"

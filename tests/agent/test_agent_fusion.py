@@ -165,6 +165,24 @@ def test_fused_systems_are_named_and_configured(tmp_path, tiny_qwen3_copy):
     finally:
         for system in systems:
             getattr(system, "close", lambda: None)()
+    fused_only = AgentBenchConfig(
+        out=str(tmp_path),
+        reranker="endpoint",
+        endpoint="http://127.0.0.1:9",
+        modes=("M0", "M3"),
+        fusion=("rrf",),
+        fused_only=True,
+    )
+    systems = make_rerankers(fused_only, [])
+    try:  # --fused-only: the baseline and the fused systems, not each mode alone
+        assert [s.name for s in systems] == [
+            "bm25",
+            "M0+rrf:k=60,weight=0.5",
+            "M3+rrf:k=60,weight=0.5",
+        ]
+    finally:
+        for system in systems:
+            getattr(system, "close", lambda: None)()
     model = dict(out=str(tmp_path), reranker="model", model=str(tiny_qwen3_copy))
     with pytest.raises(ValueError, match="has no fitted fusion"):
         model_fusions(AgentBenchConfig(**model, fusion=("auto",)))
