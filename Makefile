@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-floor lint bench clean
+.PHONY: install demo test test-floor lint bench recipe clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,12 @@ lint: install
 
 bench: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/bench_scorer.py
+
+# The issue-20 recipe: MiniLM trained on traces + MuSiQue + HotpotQA, and its fitted fusion
+# stored with the checkpoint (runs/recipe_all/runs/recipe-all-seed$(SEED)/checkpoint_*).
+SEED ?= 0
+recipe: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/recipe_all.py --stages data,train,fit --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache
