@@ -342,6 +342,130 @@ def loop(work: Path, checkpoint: str, args) -> dict:
     return {"command": "acare " + " ".join(command), "report": json.loads(report.read_text())}
 
 
+def _cell(metric: dict | None, ci: bool = False) -> str:
+    if not metric:
+        return "-"
+    if ci:
+        return f"{metric['mean']:.3f} [{metric['ci_low']:.3f}, {metric['ci_high']:.3f}]"
+    return f"{metric['mean']:.3f}"
+
+
+def _system_rows(evaluation: dict, metrics: dict, sessions: dict | None) -> list[str]:
+    fitted = evaluation["fitted"]
+    named = [("BM25 order (first stage)", "first_stage"), ("agents' own order", "agent_order"),
+             ("M0", "M0"), ("M3", "M3")]  # fmt: skip
+    for mode in ("M0", "M3"):
+        for label, setting in zip(("RRF", "linear"), fitted[mode], strict=True):
+            named.append(
+                (f"{mode} fused, {label} fitted on {mode} ({setting})", f"{mode}+{setting}")
+            )
+    rows = []
+    for label, system in named:
+        if system not in metrics:
+            continue
+        m = metrics[system]
+        session = (sessions or {}).get(system, {})
+        rows.append(
+            f"| {label} | {_cell(m.get('nDCG@10'), ci=True)} | {_cell(m.get('Recall@10'))} "
+            f"| {_cell(session.get('session_recall'))} |"
+        )
+    return rows
+
+
+def markdown(result: dict) -> str:
+    """The tables docs/RESULTS.md quotes."""
+    data, training = result["data"], result.get("training", {})
+    lines = [
+        f"# Recipe trained on all the data, seed {result['settings']['seed']}",
+        "",
+        f"Command: `{result['command']}` (commit {result['git_commit'][:10]}); total "
+        f"{result['seconds'] / 60:.0f} min on {result['machine']['cpus']} CPUs.",
+        "",
+        "## Data (LCE groups: 1 positive + 7 negatives, "
+        f"{data['hard']} BM25-hard + {7 - data['hard']} random)",
+        "",
+        f"| source | searches | groups | validation groups | pairs cut at max_length "
+        f"{data['max_length']} (M3) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, src in data["sources"].items():
+        cuts = src["cuts"]
+        lines.append(
+            f"| {name} | {src['searches']} | {src['groups']} | {src['val_groups']} "
+            f"| {cuts['cut']} of {cuts['pairs']} ({cuts['share']:.1%}) |"
+        )
+    if training:
+        config = training["config"]
+        lines += [
+            "",
+            f"## Training: {config['max_steps']} steps of {config['batch_groups'] * config['grad_accum'] * config['workers']} "
+            f"groups, weights {config['data_weights']}, lr {config['lr']}, "
+            f"bf16 autocast {config['cpu_bf16']}, {training['seconds'] / 60:.0f} min",
+            "",
+            "| step | train loss | val loss M0 | val loss M3 | val nDCG@10 M0 | val nDCG@10 M3 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for h in training.get("history") or []:
+            lines.append(
+                f"| {h['step']} | {h.get('loss', float('nan')):.4f} "
+                f"| {h.get('val/loss/M0', float('nan')):.4f} | {h.get('val/loss/M3', float('nan')):.4f} "
+                f"| {h.get('val/nDCG@10/M0', float('nan')):.3f} "
+                f"| {h.get('val/nDCG@10/M3', float('nan')):.3f} |"
+            )
+    for mode, fit_result in result.get("fit", {}).items():
+        lines += [
+            "",
+            f"Fusion fitted in {mode} on {fit_result['fitted']['searches']} training searches: "
+            f"best {fit_result['label']} (nDCG@10 {fit_result['fitted']['value']:.3f}; the "
+            "reranker alone and the first stage alone are the grid's ends: "
+            + ", ".join(
+                f"{r['fusion']} {r[fit_result['fitted']['objective']]:.3f}"
+                for r in fit_result["grid"]
+                if r["fusion"] in ("linear:alpha=1", "linear:alpha=0")
+            )
+            + ")",
+        ]
+    evaluation = result.get("eval")
+    if evaluation:
+        head = [
+            "| system | nDCG@10 [95% CI] | Recall@10 | session recall (10 a search) |",
+            "|---|---|---|---|",
+        ]
+        lines += ["", "## Trace test split (50 questions, both agents)", "", *head]
+        lines += _system_rows(evaluation, evaluation["metrics"], evaluation["sessions"])
+        for agent, metrics in (evaluation.get("groups") or {}).items():
+            lines += ["", f"Agent {agent}:", "", *head]
+            lines += _system_rows(evaluation, metrics, None)
+        lines += [
+            "",
+            "Session-paired randomization tests of nDCG@10 (session means), one family, Holm:",
+            "",
+            "| a | b | sessions | mean a | mean b | b - a [95% CI] | p | p (Holm) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t in evaluation["tests"]:
+            ci = t["ci95"] or [float("nan")] * 2
+            lines.append(
+                f"| {t['a']} | {t['b']} | {t['sessions']} | {t['mean_a']:.3f} | {t['mean_b']:.3f} "
+                f"| {t['diff']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] | {t['p']:.4f} "
+                f"| {t['p_holm']:.4f} |"
+            )
+    if "loop" in result:
+        from acare_ray.agent.bench import format_table
+
+        report = result["loop"]["report"]
+        lines += ["", "## Agent loop: 100 held-out MuSiQue tasks", "",
+                  f"`{result['loop']['command']}`", "", format_table(report)]  # fmt: skip
+        if report.get("tests"):
+            lines += ["", "| measure | a | b | b - a | p | p (Holm) |", "|---|---|---|---|---|---|"]
+            lines += [
+                f"| {t['measure']} | {t['a']} | {t['b']} | {t['mean_diff']:+.3f} "
+                f"| {t['p_value']:.4f} | {t['p_holm']:.4f} |"
+                for t in report["tests"]
+            ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", default="data,train,fit,eval,loop")
@@ -415,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = f"recipe-all-seed{args.seed}"
     dump_json(result, out / f"{name}.json")
+    (out / f"{name}.md").write_text(markdown(result))
     print(
         json.dumps({k: v for k, v in result.items() if k not in ("eval", "loop")}, indent=1)[:4000]
     )
