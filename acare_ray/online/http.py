@@ -20,6 +20,8 @@ nothing else) and the OpenAPI docs. Everything else, ``GET /v1/status`` (model, 
 batching, admission) included, needs the key when one is configured.
 
 Every answered rerank request carries its usage in ``x-acare-tokens`` (the tokens scored).
+With several models (:mod:`acare_ray.online.models`) a request picks one by name (404 listing
+the names when unknown), and ``x-acare-model`` / ``x-acare-model-version`` say which answered.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from acare_ray.context import AgentContext
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.deployment import AppArgs
 from acare_ray.online.http import Scored, create_api
-from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel
+from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import ClientError, RerankService
 from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
 from acare_ray.testing import build_random_qwen3
@@ -114,6 +114,17 @@ def test_resolve_picks_the_named_model_and_refuses_unknown_or_contradicting_name
     with pytest.raises(ClientError) as both:
         catalog.resolve("base", "acare-ft")
     assert both.value.status == 400 and both.value.field == "model"
+
+
+def test_a_checkpoint_refitted_in_place_gets_a_new_version(tiny_qwen3_copy):
+    """``x-acare-model-version`` must tell a rollout apart from the checkpoint it replaced."""
+    source = ModelSource(str(tiny_qwen3_copy))
+    before = checkpoint_version(source)
+    assert before.startswith("sha256:") and checkpoint_version(source) == before
+    write_fusion(tiny_qwen3_copy, FITTED)
+    assert checkpoint_version(source) != before
+    assert checkpoint_version(ModelSource("org/hub-model", "abc123")) == "abc123"
+    assert checkpoint_version(ModelSource("org/hub-model")) is None
 
 
 # --- the Serve app ------------------------------------------------------------------------------
