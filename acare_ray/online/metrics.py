@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 # Where the routes leave the request's mode for the request counter (``scope["state"]``).
 MODE_STATE = "acare_mode"
+MODEL_STATE = "acare_model"  # the model that answered (a configured name: bounded)
 NO_MODE = "none"
 OTHER_ROUTE = "other"
 REFUSAL_REASONS = {503: "deadline", 429: "client_share"}
@@ -247,9 +248,11 @@ class RequestMetrics:
             await self.app(scope, receive, send_status)
         finally:
             # No response started: the route raised (Starlette answers 500 outside).
-            mode = scope.get("state", {}).get(MODE_STATE, NO_MODE)
+            state = scope.get("state", {})
+            mode = state.get(MODE_STATE, NO_MODE)
+            model = state.get(MODEL_STATE, self.model)
             self.recorder.request(
-                self.model, self._route(scope), status or 500, mode, time.monotonic() - started
+                model, self._route(scope), status or 500, mode, time.monotonic() - started
             )
 
     def _route(self, scope: dict) -> str:
