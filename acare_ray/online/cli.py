@@ -17,7 +17,9 @@ from typing import Any
 
 import yaml
 
-DEFAULT_CONFIG = "serve_configs/local.yaml"
+# The repository's config, found from the package (an editable install from a clone, as the
+# README sets up), so `acare serve` works from any directory.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "serve_configs" / "local.yaml"
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve the reranker over HTTP (Ray Serve; Cohere and TEI APIs)"
     )
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="Serve config YAML")
+    parser.add_argument(
+        "--config", default=str(DEFAULT_CONFIG), help="Serve config YAML (default: local.yaml)"
+    )
     parser.add_argument("--model", help="model id or checkpoint directory (overrides the config)")
     parser.add_argument("--port", type=int, help="HTTP port (overrides the config)")
     parser.add_argument("--host", help="HTTP host (overrides the config)")

@@ -69,3 +69,24 @@ def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, 
             process.kill()
             process.wait()
         log.close()
+
+
+def test_the_default_config_is_found_from_any_directory(tmp_path):
+    """Issue 22: `acare serve` used a config path relative to the repository root, so it failed
+    from any other directory."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    done = subprocess.run(
+        [sys.executable, "-m", "acare_ray.cli", "serve", "--print-config", "--port", "8123"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    assert config["http_options"]["port"] == 8123
+    assert config["applications"][0]["import_path"].startswith("acare_ray.")
