@@ -12,8 +12,10 @@ resumes; ``--stages`` picks them):
   (prompt, document) pairs ``--max-length`` cuts is counted per source, in M3 (the longest).
 - ``train``: one Ray Train run over the three group tables mixed by ``--weights``, validation
   nDCG@10 and LCE loss on the held-out questions of all three sources at every checkpoint.
-- ``fit``: ``acare fit-fusion`` on the traces' training questions (never the test), M3 (stored
-  with the checkpoint: what rerank, eval and serve then use) and M0 (not stored, for fused M0).
+- ``fit``: ``acare fit-fusion`` on the traces' validation questions (training-side questions the
+  model never trained on, so the reranker's weight is not inflated by training fit; never the
+  test), M3 (stored with the checkpoint: what rerank, eval and serve then use) and M0 (not
+  stored, for fused M0).
 - ``eval``: ``acare eval`` on the 50 test questions: first stage (BM25 order), the agents' own
   order, M0, M3 and each fused with the fitted RRF and linear settings; plus one focused family
   of session-paired randomization tests with Holm (the claims of issue 20).
@@ -64,8 +66,8 @@ def _by_questions(table: pa.Table, column: str, fraction: float, seed: int):
 
 
 def trace_splits(work: Path, args) -> dict[str, Path]:
-    """The traces' searches: test (50 questions, as in quality_traces.py), training questions
-    split into train / validation, and the fusion-fitting subset of the train part."""
+    """The traces' searches: test (50 questions, as in quality_traces.py) and the training
+    questions split into train / validation (the validation part also fits the fusion)."""
     from acare_ray.data.traces import import_traces
 
     searches = work / "traces_searches.parquet"
@@ -81,16 +83,10 @@ def trace_splits(work: Path, args) -> dict[str, Path]:
     table = read_parquet(searches)
     train, test = split_questions(table, args.test_questions, 0)
     train, val = _by_questions(train, "question_id", args.val_fraction, 0)
-    fit = train
-    questions = sorted(set(train.column("question_id").to_pylist()))
-    if args.fit_questions and args.fit_questions < len(questions):
-        keep = set(np.random.default_rng([0, 12]).permutation(questions)[: args.fit_questions])
-        fit = train.filter(pa.array([q in keep for q in train.column("question_id").to_pylist()]))
     return {
         "test": write_parquet(test, work / "traces_test.parquet"),
         "train": write_parquet(train, work / "traces_train.parquet"),
         "val": write_parquet(val, work / "traces_val.parquet"),
-        "fit": write_parquet(fit, work / "traces_fit.parquet"),
     }
 
 
@@ -224,7 +220,7 @@ def fit(work: Path, checkpoint: str, args) -> dict:
         started = time.perf_counter()
         out[mode] = run(
             FitFusionConfig(
-                input=str(work / "traces_fit.parquet"),
+                input=str(work / "traces_val.parquet"),
                 model=checkpoint,
                 work_dir=str(folder),
                 mode=mode,
@@ -472,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="training seed (splits are fixed)")
     parser.add_argument("--test-questions", type=int, default=50)
     parser.add_argument("--val-fraction", type=float, default=0.1)
-    parser.add_argument("--fit-questions", type=int, default=120)
     parser.add_argument("--hard", type=int, default=3, help="BM25-hard negatives of the 7")
     parser.add_argument("--weights", type=float, nargs=3, default=(0.5, 0.2, 0.3),
                         help="traces, musique, hotpotqa")  # fmt: skip
