@@ -356,10 +356,10 @@ def create_api(
         served: Served, search: Search, request: Request, response: Response
     ) -> tuple[ScoringJob, np.ndarray, int]:
         service = served.service
-        if router.catalog.strict:  # a deployment of one `model` answers exactly as it did
+        if router.catalog.strict:  # a deployment of one `model`: no name header, as before
             response.headers["x-acare-model"] = served.name
-            if served.version is not None:
-                response.headers["x-acare-model-version"] = served.version
+        if served.version is not None:  # every deployment: which checkpoint answered
+            response.headers["x-acare-model-version"] = served.version
         job = await asyncio.to_thread(service.prepare, search)
         response.headers["x-acare-mode"] = job.mode.value
         state = request.scope.setdefault("state", {})
