@@ -121,8 +121,13 @@ def replica_states() -> dict[str, int]:
 
 
 class Monitor:
-    """Every ``interval_s``: Serve's replica states, one probe request and ``/v1/status``;
-    ``samples`` holds one dict per tick, ``t`` seconds since :meth:`start`."""
+    """Two threads until :meth:`stop`: every ``interval_s`` Serve's replica states and one
+    ``/v1/status`` (a sample with ``running``, ``replicas``, ``refused_total``...), and every
+    ``probe_every`` intervals one probe request, never retried (a sample with ``probe_status``,
+    ``probe_ms``, ``version``, ``t`` when it was sent), so a slow probe never delays the
+    replica counts. ``samples`` holds both kinds in time order, ``t`` seconds since
+    :meth:`start`; ``refused_total`` counts what the replicas refused, ``probe_refused`` the
+    probes' own refusals by then."""
 
     def __init__(self, base: str, interval_s: float = 1.0, probe_every: int = 2) -> None:
         self.base = base
@@ -131,8 +136,13 @@ class Monitor:
         self.samples: list[dict[str, Any]] = []
         self.marks: dict[str, float] = {}
         self.refused_by_replica: dict[str, int] = {}
+        self.probe_refused = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [
+            threading.Thread(target=self._watch, daemon=True),
+            threading.Thread(target=self._probes, daemon=True),
+        ]
         self.t0 = 0.0
 
     def now(self) -> float:
@@ -143,24 +153,19 @@ class Monitor:
 
     def start(self) -> Monitor:
         self.t0 = time.monotonic()
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=60)
+        for thread in self._threads:
+            thread.join(timeout=150)
+        self.samples.sort(key=lambda s: s["t"])
 
-    def _probe(self, http: httpx.Client) -> dict[str, Any]:
-        started = time.monotonic()
-        try:
-            response = http.post("/v2/rerank", json=PROBE)
-        except httpx.HTTPError as err:
-            return {"probe_status": 0, "probe_error": type(err).__name__}
-        return {
-            "probe_status": response.status_code,
-            "probe_ms": round(1000 * (time.monotonic() - started), 1),
-            "version": response.headers.get("x-acare-model-version"),
-        }
+    def _add(self, sample: dict[str, Any]) -> None:
+        with self._lock:
+            self.samples.append(sample)
 
     def _status(self, http: httpx.Client) -> dict[str, Any]:
         try:
@@ -177,11 +182,11 @@ class Monitor:
             "queued_requests": admission.get("queued_requests"),
             "expected_wait_s": admission.get("expected_wait_s"),
             "refused_total": sum(self.refused_by_replica.values()),
+            "probe_refused": self.probe_refused,
         }
 
-    def _run(self) -> None:
-        tick = 0
-        with httpx.Client(base_url=self.base, timeout=130) as http:
+    def _watch(self) -> None:
+        with httpx.Client(base_url=self.base, timeout=30) as http:
             while not self._stop.is_set():
                 started = time.monotonic()
                 sample: dict[str, Any] = {"t": self.now()}
@@ -191,12 +196,29 @@ class Monitor:
                     states, sample["status_error"] = {}, type(err).__name__
                 sample["replicas"] = states
                 sample["running"] = states.get("RUNNING", 0)
-                sample |= self._status(http)
-                if tick % self.probe_every == 0:
-                    sample |= self._probe(http)
-                self.samples.append(sample)
-                tick += 1
+                self._add(sample | self._status(http))
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def _probes(self) -> None:
+        period = self.interval_s * self.probe_every
+        with httpx.Client(base_url=self.base, timeout=130) as http:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                sample: dict[str, Any] = {"t": self.now()}
+                try:
+                    response = http.post("/v2/rerank", json=PROBE)
+                except httpx.HTTPError as err:
+                    sample |= {"probe_status": 0, "probe_error": type(err).__name__}
+                else:
+                    if response.status_code in (429, 503):
+                        self.probe_refused += 1
+                    sample |= {
+                        "probe_status": response.status_code,
+                        "probe_ms": round(1000 * (time.monotonic() - started), 1),
+                        "version": response.headers.get("x-acare-model-version"),
+                    }
+                self._add(sample)
+                self._stop.wait(max(0.0, period - (time.monotonic() - started)))
 
 
 def agent_bench_command(args: argparse.Namespace, url: str, out: Path) -> list[str]:
@@ -255,15 +277,17 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
     """What the timeline shows: the most replicas RUNNING, when a replica was first being
     added (a state other than RUNNING) and when the most ran (``replica_start_s`` between),
     when they were back to the fewest after the load, when the first refusal was seen."""
-    running = [(s["t"], s.get("running", 0)) for s in samples]
+    samples = [s for s in samples if "running" in s or "probe_status" in s]
+    watched = [s for s in samples if "running" in s]
+    running = [(s["t"], s["running"]) for s in watched]
     most = max((r for _, r in running), default=0)
     first_most = next((t for t, r in running if r == most), None)
     start = running[0][1] if running else 0
     adding = next(
         (
             s["t"]
-            for s in samples
-            if s.get("running", 0) == start and sum(s.get("replicas", {}).values()) > start
+            for s in watched
+            if s["running"] == start and sum(s.get("replicas", {}).values()) > start
         ),
         None,
     )
@@ -273,7 +297,11 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
         after = [(t, r) for t, r in running if t >= load_end]
         low = min((r for _, r in after), default=None)
         fewest_after = next((t for t, r in after if r == low), None) if low is not None else None
-    refusal = next((s["t"] for s in samples if (s.get("refused_total") or 0) > 0), None)
+    # The agents' refusals: what the replicas refused beyond the probes' own.
+    refusal = next(
+        (s["t"] for s in watched if (s.get("refused_total") or 0) > (s.get("probe_refused") or 0)),
+        None,
+    )
     probes = [s for s in samples if "probe_status" in s]
     return {
         "max_running_replicas": most,
@@ -287,7 +315,7 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
         "t_back_down": fewest_after,
         "running_at_end": running[-1][1] if running else None,
         "t_first_refusal_seen": refusal,
-        "refusals_seen": max((s.get("refused_total") or 0 for s in samples), default=0),
+        "refusals_seen": max((s.get("refused_total") or 0 for s in watched), default=0),
         "probes": len(probes),
         "probe_statuses": {
             str(k): sum(1 for p in probes if p["probe_status"] == k)
@@ -352,10 +380,10 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for row, color in zip(rows, ("tab:gray", "tab:blue", "tab:green")):
-        t = [s["t"] for s in row["timeline"]]
+        watched = [s for s in row["timeline"] if "running" in s]
         top.step(
-            t,
-            [s.get("running", 0) for s in row["timeline"]],
+            [s["t"] for s in watched],
+            [s["running"] for s in watched],
             where="post",
             color=color,
             label=row["phase"],
@@ -379,7 +407,7 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
         if "load_end" in row["marks"]:
             top.axvline(row["marks"]["load_end"], color=color, ls=":", lw=1)
     top.set_ylabel("replicas RUNNING")
-    top.set_yticks(range(0, 1 + max(max(s.get("running", 0) for s in r["timeline"]) for r in rows)))
+    top.set_yticks(range(0, 1 + max(r["scaling"]["max_running_replicas"] for r in rows)))
     bottom.set_ylabel("probe latency (s)")
     bottom.set_xlabel("seconds since the agents started (dotted: agents done)")
     top.legend()
@@ -400,15 +428,17 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         f"`{json.dumps(result['autoscaling_config'])}`.",
         "",
         "| phase | searches | searches/s | latency p50/p95/p99 ms | 503/429 retried "
-        "| most replicas | at s | back down at s | first refusal seen at s |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| most replicas | adding at s | running at s | start s | back down at s "
+        "| first refusal at s |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lat, sc = r["latency_ms"] or {}, r["scaling"]
         lines.append(
             f"| {r['phase']} | {r['searches']} | {r['searches_per_s']:.3f} "
             f"| {lat.get('p50', 0):.0f} / {lat.get('p95', 0):.0f} / {lat.get('p99', 0):.0f} "
-            f"| {r['refused_retried']} | {sc['max_running_replicas']} | {sc['t_max_replicas']} "
+            f"| {r['refused_retried']} | {sc['max_running_replicas']} "
+            f"| {sc['t_adding_replica']} | {sc['t_max_replicas']} | {sc['replica_start_s']} "
             f"| {sc['t_back_down'] if r['phase'] == 'autoscale' else '-'} "
             f"| {sc['t_first_refusal_seen']} |"
         )
@@ -422,8 +452,10 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         ]
     lines += [
         "",
-        "Times are seconds since the agents started. 'first refusal seen': the first admission "
-        "refusal counted by a replica's `/v1/status` (the probes' own refusals included).",
+        "Times are seconds since the agents started. 'adding': Serve first showed a replica "
+        "being added; 'start s': from then until it ran. 'first refusal': the first admission "
+        "refusal of the agents' requests counted by a replica's `/v1/status` (the probes' own "
+        "refusals left out).",
         "",
         "Commands:",
         "",

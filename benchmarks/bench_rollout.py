@@ -119,7 +119,8 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
 
     timeline, marks = result["timeline"], result["marks"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    top.step([s["t"] for s in timeline], [s.get("running", 0) for s in timeline], where="post")
+    watched = [s for s in timeline if "running" in s]
+    top.step([s["t"] for s in watched], [s["running"] for s in watched], where="post")
     top.set_ylabel("replicas RUNNING")
     for label, version, color in (
         ("from", result["versions"]["from"], "tab:gray"),

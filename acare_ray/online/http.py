@@ -21,7 +21,8 @@ batching, admission) included, needs the key when one is configured.
 
 Every answered rerank request carries its usage in ``x-acare-tokens`` (the tokens scored).
 With several models (:mod:`acare_ray.online.models`) a request picks one by name (404 listing
-the names when unknown), and ``x-acare-model`` / ``x-acare-model-version`` say which answered.
+the names when unknown), and ``x-acare-model`` says which answered; ``x-acare-model-version``
+(every deployment, when the model has one) says which checkpoint.
 """
 
 from __future__ import annotations

@@ -81,15 +81,32 @@ def test_admission_outlasts_the_wait_for_a_second_replica(bench):
 
 
 def test_the_timeline_summary_finds_the_scale_up_the_scale_down_and_the_first_refusal(bench):
+    """Watch samples (replica states, the replicas' refusals) and probe samples interleave;
+    a refusal of the probe itself is not the agents' first refusal."""
     autoscale, _ = bench
     samples = [
         {"t": 0.0, "replicas": {"RUNNING": 1}, "running": 1, "refused_total": 0},
-        {"t": 1.0, "replicas": {"RUNNING": 1, "STARTING": 1}, "running": 1, "refused_total": 0},
-        {"t": 2.0, "replicas": {"RUNNING": 1, "STARTING": 1}, "running": 1, "refused_total": 3},
-        {"t": 4.5, "replicas": {"RUNNING": 2}, "running": 2, "probe_status": 200},
-        {"t": 9.0, "replicas": {"RUNNING": 2}, "running": 2, "probe_status": 503},
+        {"t": 0.5, "probe_status": 503, "probe_ms": 5.0},
+        {
+            "t": 1.0,
+            "replicas": {"RUNNING": 1, "STARTING": 1},
+            "running": 1,
+            "refused_total": 1,
+            "probe_refused": 1,
+        },
+        {
+            "t": 2.0,
+            "replicas": {"RUNNING": 1, "STARTING": 1},
+            "running": 1,
+            "refused_total": 3,
+            "probe_refused": 1,
+        },
+        {"t": 2.5, "probe_status": 200, "probe_ms": 900.0},
+        {"t": 4.5, "replicas": {"RUNNING": 2}, "running": 2},
+        {"t": 9.0, "replicas": {"RUNNING": 2}, "running": 2},
         {"t": 12.0, "replicas": {"RUNNING": 1, "STOPPING": 1}, "running": 1},
-        {"t": 13.0, "replicas": {"RUNNING": 1}, "running": 1, "probe_status": 200},
+        {"t": 12.5, "probe_status": 200, "probe_ms": 50.0},
+        {"t": 13.0, "replicas": {"RUNNING": 1}, "running": 1},
     ]
     summary = autoscale.scaling_summary(samples, {"load_end": 10.0})
     assert summary["max_running_replicas"] == 2
@@ -98,8 +115,9 @@ def test_the_timeline_summary_finds_the_scale_up_the_scale_down_and_the_first_re
     assert summary["t_back_down"] == 12.0 and summary["running_at_end"] == 1
     assert (summary["t_first_refusal_seen"], summary["refusals_seen"]) == (2.0, 3)
     assert summary["probe_statuses"] == {"200": 2, "503": 1}
-    flat = autoscale.scaling_summary(samples[:1], {})
+    flat = autoscale.scaling_summary(samples[:2], {})
     assert flat["replica_start_s"] is None and flat["t_back_down"] is None
+    assert flat["t_first_refusal_seen"] is None
 
 
 def test_the_switch_summary_reads_the_versions_the_probes_got(bench):
