@@ -110,13 +110,14 @@ def deploy(config: dict[str, Any], timeout_s: float = 600) -> None:
     raise TimeoutError(f"the app was not running after {timeout_s} s")
 
 
-def replica_states() -> dict[str, int]:
-    """The Reranker's replicas by state, from Serve's own status."""
+def replica_states() -> dict[str, int] | None:
+    """The Reranker's replicas by state, from Serve's own status; None while Serve's status
+    does not list the deployment (the app being built, as at the start of an update)."""
     from ray import serve
 
     app = serve.status().applications.get(APP)
     if app is None or "Reranker" not in app.deployments:
-        return {}
+        return None
     return {str(k): int(v) for k, v in app.deployments["Reranker"].replica_states.items()}
 
 
@@ -193,9 +194,10 @@ class Monitor:
                 try:
                     states = replica_states()
                 except Exception as err:  # the controller restarting: keep recording
-                    states, sample["status_error"] = {}, type(err).__name__
-                sample["replicas"] = states
-                sample["running"] = states.get("RUNNING", 0)
+                    states, sample["status_error"] = None, type(err).__name__
+                if states is not None:  # else no count: unknown is not zero
+                    sample["replicas"] = states
+                    sample["running"] = states.get("RUNNING", 0)
                 self._add(sample | self._status(http))
                 self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
@@ -277,7 +279,6 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
     """What the timeline shows: the most replicas RUNNING, when a replica was first being
     added (a state other than RUNNING) and when the most ran (``replica_start_s`` between),
     when they were back to the fewest after the load, when the first refusal was seen."""
-    samples = [s for s in samples if "running" in s or "probe_status" in s]
     watched = [s for s in samples if "running" in s]
     running = [(s["t"], s["running"]) for s in watched]
     most = max((r for _, r in running), default=0)
@@ -299,7 +300,7 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
         fewest_after = next((t for t, r in after if r == low), None) if low is not None else None
     # The agents' refusals: what the replicas refused beyond the probes' own.
     refusal = next(
-        (s["t"] for s in watched if (s.get("refused_total") or 0) > (s.get("probe_refused") or 0)),
+        (s["t"] for s in samples if (s.get("refused_total") or 0) > (s.get("probe_refused") or 0)),
         None,
     )
     probes = [s for s in samples if "probe_status" in s]

@@ -82,7 +82,8 @@ def test_admission_outlasts_the_wait_for_a_second_replica(bench):
 
 def test_the_timeline_summary_finds_the_scale_up_the_scale_down_and_the_first_refusal(bench):
     """Watch samples (replica states, the replicas' refusals) and probe samples interleave;
-    a refusal of the probe itself is not the agents' first refusal."""
+    a refusal of the probe itself is not the agents' first refusal, and a tick whose status
+    did not list the deployment (an app being built) counts no replicas rather than zero."""
     autoscale, _ = bench
     samples = [
         {"t": 0.0, "replicas": {"RUNNING": 1}, "running": 1, "refused_total": 0},
@@ -104,6 +105,7 @@ def test_the_timeline_summary_finds_the_scale_up_the_scale_down_and_the_first_re
         {"t": 2.5, "probe_status": 200, "probe_ms": 900.0},
         {"t": 4.5, "replicas": {"RUNNING": 2}, "running": 2},
         {"t": 9.0, "replicas": {"RUNNING": 2}, "running": 2},
+        {"t": 11.0, "refused_total": 3},  # Serve's status listed no deployment: not 0 replicas
         {"t": 12.0, "replicas": {"RUNNING": 1, "STOPPING": 1}, "running": 1},
         {"t": 12.5, "probe_status": 200, "probe_ms": 50.0},
         {"t": 13.0, "replicas": {"RUNNING": 1}, "running": 1},
