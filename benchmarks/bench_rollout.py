@@ -215,7 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_rollout"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="rollout-cpu")
+    parser.add_argument("--name", default="rollout-cpu-minilm")
     return parser.parse_args(argv)
 
 
