@@ -7,9 +7,14 @@ Both cover ``POST /v2/rerank`` (Cohere v2 body plus the ACARe fields ``original_
 Retries: a 503 or 429 answer (an overloaded replica, or a client over its fair share) is sent
 again after its ``Retry-After`` (1 s when it has none) for as long as ``retry_budget_s`` allows,
 counted from the call's first attempt; a connection error is retried after
-``connect_retry_wait_s``, at most ``retries`` times. Any other error status, or a call still
-refused when its budget runs out, raises :class:`AcareError` with the status and the server's
-message. ``refused`` counts the 503/429 answers received (shared by all threads or tasks).
+``connect_retry_wait_s``, at most ``retries`` times. A rerank answered 500 or 502 is sent again
+the same way (``server_errors`` counts those resent): that is what a request gets from Ray
+Serve's proxy when the replica holding it dies before answering (a replica killed, its node
+lost), and scoring is a pure function, so a second try cannot do anything twice. Searches and
+deletes are not resent on a 5xx (a session may have recorded the first try). Any other error
+status, or a call still refused when its budget runs out, raises :class:`AcareError` with the
+status and the server's message. ``refused`` counts the 503/429 answers received (shared by all
+threads or tasks).
 ``timeout_s`` bounds each attempt (httpx's connect/read/write/pool timeouts).
 """
 
@@ -26,6 +31,8 @@ from urllib.parse import quote
 import httpx
 
 RETRY_STATUSES = frozenset({429, 503})
+# Resent, a bounded number of times, for calls that are safe to repeat (rerank).
+SERVER_ERROR_STATUSES = frozenset({500, 502})
 
 
 class AcareError(RuntimeError):
@@ -196,6 +203,7 @@ class _Base:
         self.retry_budget_s = retry_budget_s
         self.connect_retry_wait_s = connect_retry_wait_s
         self.refused = 0
+        self.server_errors = 0
         self._count = threading.Lock()
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s)
@@ -230,6 +238,15 @@ class _Base:
         if failures > self.retries:
             raise AcareError(0, f"{url}: {err}") from err
 
+    def _server_failed(self, response: httpx.Response, idempotent: bool) -> bool:
+        """Whether to send a call answered ``response`` again: a 500/502 to a call safe to
+        repeat (counted in ``server_errors``)."""
+        if not idempotent or response.status_code not in SERVER_ERROR_STATUSES:
+            return False
+        with self._count:
+            self.server_errors += 1
+        return True
+
 
 class AcareClient(_Base):
     """Blocking client; one instance may be shared by threads. See the module docstring."""
@@ -250,8 +267,16 @@ class AcareClient(_Base):
         )
         self.http = httpx.Client(timeout=self._timeout, headers=self._headers, transport=transport)
 
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One call with the retry policy; the decoded JSON answer (None for an empty body)."""
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        idempotent: bool = False,
+    ) -> Any:
+        """One call with the retry policy; the decoded JSON answer (None for an empty body).
+        ``idempotent``: the call is safe to repeat, so a 500/502 answer is retried too."""
         url = self._url(path)
         deadline = time.monotonic() + self.retry_budget_s
         failures = 0
@@ -263,6 +288,10 @@ class AcareClient(_Base):
                 self._transport_failed(failures, url, err)
                 time.sleep(self.connect_retry_wait_s)
                 continue
+            if failures < self.retries and self._server_failed(response, idempotent):
+                failures += 1
+                time.sleep(self.connect_retry_wait_s)
+                continue
             wait = self._after(response, deadline, url)
             if wait is None:
                 return response.json() if response.content else None
@@ -271,7 +300,9 @@ class AcareClient(_Base):
     def rerank(self, query: str, documents: Sequence[str | dict[str, Any]], **fields) -> Reranked:
         """``POST /v2/rerank``; ``fields`` are those of :func:`rerank_body`."""
         return parse_rerank(
-            self.request("POST", "/v2/rerank", rerank_body(query, documents, **fields))
+            self.request(
+                "POST", "/v2/rerank", rerank_body(query, documents, **fields), idempotent=True
+            )
         )
 
     def search(self, query: str, **fields) -> Searched:
@@ -314,7 +345,14 @@ class AsyncAcareClient(_Base):
             timeout=self._timeout, headers=self._headers, transport=transport
         )
 
-    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        idempotent: bool = False,
+    ) -> Any:
         url = self._url(path)
         deadline = time.monotonic() + self.retry_budget_s
         failures = 0
@@ -326,6 +364,10 @@ class AsyncAcareClient(_Base):
                 self._transport_failed(failures, url, err)
                 await asyncio.sleep(self.connect_retry_wait_s)
                 continue
+            if failures < self.retries and self._server_failed(response, idempotent):
+                failures += 1
+                await asyncio.sleep(self.connect_retry_wait_s)
+                continue
             wait = self._after(response, deadline, url)
             if wait is None:
                 return response.json() if response.content else None
@@ -335,7 +377,7 @@ class AsyncAcareClient(_Base):
         self, query: str, documents: Sequence[str | dict[str, Any]], **fields
     ) -> Reranked:
         body = rerank_body(query, documents, **fields)
-        return parse_rerank(await self.request("POST", "/v2/rerank", body))
+        return parse_rerank(await self.request("POST", "/v2/rerank", body, idempotent=True))
 
     async def search(self, query: str, **fields) -> Searched:
         return parse_search(await self.request("POST", "/v1/search", search_body(query, **fields)))

@@ -486,6 +486,9 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
         refused = getattr(reranker, "refused", None)
         if refused is not None and reranker.name in per_system:
             summaries_extra.setdefault(reranker.name, {})["refused_retried"] = refused
+            resent = getattr(reranker, "server_errors", None)
+            if resent is not None:
+                summaries_extra[reranker.name]["server_errors_retried"] = resent
     report = {
         "config": config.public(),
         "n_tasks": len(tasks),

@@ -478,8 +478,9 @@ class Reranker:
                 **{k: v for k, v in options.items() if v is not None},
             )
             service = RerankService(scorer, name, self.limits)
-            # Only a deployment of `models` reports versions (x-acare-model-version).
-            version = checkpoint_version(source) if catalog.strict else None
+            # x-acare-model-version on every deployment, so a rollout's switch is visible;
+            # a one-model deployment's bodies and /v1/models card stay as they were.
+            version = checkpoint_version(source)
             return Served(name, service, fitted[name], version, source=source)
 
         # The default model loads now: a replica that cannot load it never starts.

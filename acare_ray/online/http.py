@@ -21,7 +21,8 @@ batching, admission) included, needs the key when one is configured.
 
 Every answered rerank request carries its usage in ``x-acare-tokens`` (the tokens scored).
 With several models (:mod:`acare_ray.online.models`) a request picks one by name (404 listing
-the names when unknown), and ``x-acare-model`` / ``x-acare-model-version`` say which answered.
+the names when unknown), and ``x-acare-model`` says which answered; ``x-acare-model-version``
+(every deployment, when the model has one) says which checkpoint.
 """
 
 from __future__ import annotations
@@ -356,10 +357,10 @@ def create_api(
         served: Served, search: Search, request: Request, response: Response
     ) -> tuple[ScoringJob, np.ndarray, int]:
         service = served.service
-        if router.catalog.strict:  # a deployment of one `model` answers exactly as it did
+        if router.catalog.strict:  # a deployment of one `model`: no name header, as before
             response.headers["x-acare-model"] = served.name
-            if served.version is not None:
-                response.headers["x-acare-model-version"] = served.version
+        if served.version is not None:  # every deployment: which checkpoint answered
+            response.headers["x-acare-model-version"] = served.version
         job = await asyncio.to_thread(service.prepare, search)
         response.headers["x-acare-mode"] = job.mode.value
         state = request.scope.setdefault("state", {})

@@ -151,3 +151,54 @@ def test_async_client_searches_and_forgets_with_the_same_policy():
         "seen_ids": ["d0"],
     }
     assert seen[2].method == "DELETE" and seen[2].url.raw_path == b"/v1/sessions/s%2F1"
+
+
+def test_a_rerank_answered_500_by_a_dead_replica_is_sent_again_a_bounded_number_of_times():
+    """Issue 23.3: Ray Serve's proxy answers 500 for a request whose replica died holding it;
+    a rerank (safe to repeat) is resent, counted in ``server_errors``; before, it failed."""
+    seen: list[httpx.Request] = []
+    dead = httpx.Response(500, text="Internal Server Error")
+    answers = [dead, httpx.Response(502, text="Bad Gateway"), httpx.Response(200, json=RERANKED)]
+    client = AcareClient(
+        "http://acare.test",
+        retries=2,
+        connect_retry_wait_s=0,
+        transport=httpx.MockTransport(scripted(answers, seen)),
+    )
+    assert [h.index for h in client.rerank("q", ["a", "b"]).hits] == [1, 0]
+    assert (len(seen), client.server_errors, client.refused) == (3, 2, 0)
+    answers[:] = [dead, dead, dead]
+    with pytest.raises(AcareError, match="HTTP 500") as err:
+        client.rerank("q", ["a"])
+    assert err.value.status == 500 and len(seen) == 6 and client.server_errors == 4
+
+
+def test_a_search_answered_500_is_not_sent_again():
+    """A search may have been recorded in its session by the first try: a 5xx is final."""
+    seen: list[httpx.Request] = []
+    answers = [httpx.Response(500, text="Internal Server Error")]
+    client = AcareClient(
+        "http://acare.test", transport=httpx.MockTransport(scripted(answers, seen))
+    )
+    with pytest.raises(AcareError, match="HTTP 500"):
+        client.search("q", session_id="s")
+    assert len(seen) == 1 and client.server_errors == 0
+
+
+def test_the_async_client_resends_a_rerank_answered_500():
+    seen: list[httpx.Request] = []
+    answers = [
+        httpx.Response(500, text="Internal Server Error"),
+        httpx.Response(200, json=RERANKED),
+    ]
+
+    async def go():
+        transport = httpx.MockTransport(scripted(answers, seen))
+        async with AsyncAcareClient(
+            "http://acare.test", connect_retry_wait_s=0, transport=transport
+        ) as client:
+            out = await client.rerank("q", ["a", "b"])
+            return out, client.server_errors
+
+    out, resent = asyncio.run(go())
+    assert [h.index for h in out.hits] == [1, 0] and resent == 1 and len(seen) == 2
