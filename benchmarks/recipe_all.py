@@ -318,6 +318,12 @@ def focused_tests(report: dict, pairs: list[tuple[str, str]], args) -> list[dict
     return rows
 
 
+def _rel(path: str | Path) -> str:
+    """``path`` relative to the repository when it is inside it (commands are recorded)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def loop(work: Path, checkpoint: str, args) -> dict:
     """``acare agent-bench`` on the 100 held-out MuSiQue tasks (the command is recorded)."""
     from agent_musique import held_out_ids
@@ -327,9 +333,9 @@ def loop(work: Path, checkpoint: str, args) -> dict:
     ids = work / "heldout_ids.txt"
     ids.write_text("\n".join(held_out_ids(100, 0)) + "\n")
     command = [
-        "agent-bench", "--task-ids", str(ids), "--model", checkpoint, "--modes", "M0,M3",
+        "agent-bench", "--task-ids", _rel(ids), "--model", _rel(checkpoint), "--modes", "M0,M3",
         "--fusion", "auto", "--fused-only", "--first-stage-k", str(args.loop_k),
-        "--device", "cpu", "--out", str(out),
+        "--device", "cpu", "--out", _rel(out),
     ]  # fmt: skip
     if not report.exists():
         started = time.perf_counter()
@@ -374,8 +380,14 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Recipe trained on all the data, seed {result['settings']['seed']}",
         "",
-        f"Command: `{result['command']}` (commit {result['git_commit'][:10]}); total "
-        f"{result['seconds'] / 60:.0f} min on {result['machine']['cpus']} CPUs.",
+        f"Command: `{result['command']}` (commit {result['git_commit'][:10]}); "
+        f"{result['machine']['cpus']} CPUs. Stage times: training "
+        f"{training.get('seconds', 0) / 60:.0f} min, fusion fits "
+        + ", ".join(
+            f"{m} {f.get('seconds', 0) / 60:.1f} min" for m, f in result.get("fit", {}).items()
+        )
+        + (f", this invocation {result['seconds'] / 60:.0f} min" if result.get("seconds") else "")
+        + ".",
         "",
         "## Data (LCE groups: 1 positive + 7 negatives, "
         f"{data['hard']} BM25-hard + {7 - data['hard']} random)",
@@ -411,7 +423,8 @@ def markdown(result: dict) -> str:
     for mode, fit_result in result.get("fit", {}).items():
         lines += [
             "",
-            f"Fusion fitted in {mode} on {fit_result['fitted']['searches']} training searches: "
+            f"Fusion fitted in {mode} on the {fit_result['fitted']['searches']} searches of the "
+            "traces' validation questions: "
             f"best {fit_result['label']} (nDCG@10 {fit_result['fitted']['value']:.3f}; the "
             "reranker alone and the first stage alone are the grid's ends: "
             + ", ".join(
@@ -500,6 +513,14 @@ def main(argv: list[str] | None = None) -> int:
     if stages & {"train", "fit", "eval", "loop"}:
         result["training"] = train(work, args)
         checkpoint = result["training"]["checkpoint"]
+    if stages & {"fit", "eval"} and not (
+        (work / f"fit-seed{args.seed}-M0" / "fit.json").exists()
+        and (work / f"eval-seed{args.seed}" / "report.json").exists()
+    ):
+        from acare_ray.training.trainer import start_local_ray
+
+        # One logical CPU more than the 2 scoring actors use, for the read and write tasks.
+        start_local_ray(num_cpus=3)
     if stages & {"fit", "eval", "loop"}:
         result["fit"] = fit(work, checkpoint, args)
     if "eval" in stages:
@@ -527,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
             "queries": report["queries"],
             "tests": focused_tests(report, claims, args),
         }
+    import ray
+
+    ray.shutdown()
     if "loop" in stages:
         result["loop"] = loop(work, checkpoint, args)
     result["seconds"] = time.perf_counter() - started
