@@ -475,7 +475,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+STAGES = ("data", "train", "fit", "eval", "loop")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", default="data,train,fit,eval,loop")
     parser.add_argument("--seed", type=int, default=0, help="training seed (splits are fixed)")
@@ -493,8 +496,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=10_000)
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "recipe_all"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     stages = set(args.stages.split(","))
+    unknown = stages - set(STAGES)
+    if unknown:
+        raise SystemExit(f"--stages: unknown {sorted(unknown)}; known: {', '.join(STAGES)}")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

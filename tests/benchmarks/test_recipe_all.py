@@ -92,3 +92,17 @@ def test_focused_tests_are_session_paired_and_holm_corrected(recipe, tmp_path):
         assert row["p"] == pytest.approx(test.p_value)
         expected_p.append(test.p_value)
     assert [r["p_holm"] for r in rows] == pytest.approx(holm_bonferroni(expected_p))
+
+
+def test_make_recipe_runs_stages_the_script_knows(recipe):
+    """`make recipe` (README, docs/RESULTS.md) is a ~50-minute run; this checks the command it
+    runs parses as written and names only known stages."""
+    import shlex
+
+    makefile = (BENCHMARKS.parent / "Makefile").read_text()
+    block = makefile.split("\nrecipe:", 1)[1].split("\n\n", 1)[0]
+    line = next(x for x in block.splitlines() if "recipe_all.py" in x)
+    argv = shlex.split(line.replace("$(SEED)", "0").replace("$(BIN)/", ""))
+    args = recipe.build_parser().parse_args(argv[argv.index("benchmarks/recipe_all.py") + 1 :])
+    assert set(args.stages.split(",")) == {"data", "train", "fit"} <= set(recipe.STAGES)
+    assert args.seed == 0
