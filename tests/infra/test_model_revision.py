@@ -184,7 +184,7 @@ def test_train_revision_flag_reaches_from_pretrained(recorded, monkeypatch):
     monkeypatch.setattr(ray.train, "get_context", Context)
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
     monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(trainer, "load_splits", lambda c: ([], []))
+    monkeypatch.setattr(trainer, "load_splits", lambda c: ([], [], (0,)))
     monkeypatch.setattr(trainer, "steps_per_epoch", lambda n, c: 1)
     monkeypatch.setattr(trainer, "total_steps", lambda n, c: 1)
     threads = torch.get_num_threads()
