@@ -1,7 +1,14 @@
 """acare_ray: agent-context-aware reranking with one scoring core for Ray Data, Serve and Train."""
 
-from acare_ray.context import AgentContext, FieldDropout, Mode, parse_mode
-from acare_ray.scorer import Ranking, Scorer, ScorerConfig
+from acare_ray.scoring import (
+    AgentContext,
+    FieldDropout,
+    Mode,
+    Ranking,
+    Scorer,
+    ScorerConfig,
+    parse_mode,
+)
 
 __all__ = [
     "AgentContext",

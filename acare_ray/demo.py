@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from acare_ray.scorer import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     from acare_ray.client import AsyncAcareClient
     from acare_ray.online.http import Scored, client_of, create_api
     from acare_ray.online.service import RerankService
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
     from acare_ray.search.api import LocalSessions, SearchSettings, search_routes
     from acare_ray.training.checkpoint import read_fusion
 

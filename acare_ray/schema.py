@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.fusion import FusionConfig, fuse
+from acare_ray.scoring import AgentContext, Mode
 
 CANDIDATE = pa.struct(
     [

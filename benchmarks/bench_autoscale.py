@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from acare_ray.scorer import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "acare"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from report import machine, write_report
 
-from acare_ray.scorer import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -148,7 +148,7 @@ def plain_loop(args: argparse.Namespace, input_path: Path, output: Path) -> int:
 
     from acare_ray.offline.score import rerank_rows
     from acare_ray.schema import RERANK_OUTPUT
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     torch.set_num_threads(args.threads)
     scorer = Scorer.from_pretrained(args.model, device="cpu")

@@ -38,8 +38,7 @@ import torch
 from report import dump_json
 from workloads import REASONING_SOURCE, Search, musique_workload
 
-from acare_ray.context import Mode
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import Mode, Scorer
 from acare_ray.testing import build_random_qwen3
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -30,8 +30,7 @@ from measure import measure
 from report import dump_json, environment
 from workloads import fixed_workload
 
-from acare_ray.context import Mode
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import Mode, Scorer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -25,11 +25,10 @@ from pathlib import Path
 import torch
 from report import dump_json, environment
 
-from acare_ray.context import FieldDropout
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.hotpotqa import hotpotqa_searches
 from acare_ray.loss import lce_loss
-from acare_ray.scorer import DEFAULT_MODEL, Scorer
+from acare_ray.scoring import DEFAULT_MODEL, FieldDropout, Scorer
 from acare_ray.training.collator import GroupCollator, parse_groups
 from acare_ray.training.loop import build_optimizer, trainable_module
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from acare_ray.prompt import SUFFIX, SYSTEM_PREFIX
+from acare_ray.scoring.prompt import SUFFIX, SYSTEM_PREFIX
 
 
 @dataclass

@@ -24,10 +24,10 @@ import numpy as np
 from quality_musique import rank_searches, split_questions
 from report import dump_json
 
-from acare_ray.context import Mode
 from acare_ray.data.musique import musique_searches
 from acare_ray.metrics import bootstrap_ci, evaluate, paired_randomization_test
 from acare_ray.schema import parse_search
+from acare_ray.scoring import Mode
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("gold", "other_step_gold", "distractor")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     torch.set_num_threads(args.threads)
     # The split is by question, so the distractor and open tables give the same test questions.

@@ -31,7 +31,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from report import dump_json
 
-from acare_ray.context import Mode
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.io import write_parquet
 from acare_ray.data.musique import musique_searches
@@ -43,7 +42,10 @@ from acare_ray.metrics import (
     paired_randomization_test,
 )
 from acare_ray.schema import Search, parse_search
-from acare_ray.scorer import DEFAULT_MODEL  # noqa: E402
+from acare_ray.scoring import (
+    DEFAULT_MODEL,  # noqa: E402
+    Mode,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (Mode.M0, Mode.M2, Mode.M3)
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     import torch
 
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
     from acare_ray.training import TrainConfig, run
     from acare_ray.training.trainer import start_local_ray
 

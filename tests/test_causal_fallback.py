@@ -1,5 +1,5 @@
 """The safe causal backend: load-time checks of the fast path's assumptions and the exact fallback
-through the model's own forward (acare_ray/causal_fallback.py)."""
+through the model's own forward (acare_ray/scoring/causal/load.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from test_scorer import CONTEXT, DOCUMENTS, naive_scores
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3 import modeling_qwen3
 
-from acare_ray.causal_fallback import build_causal_module, check_fast_path
-from acare_ray.context import AgentContext, Mode
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import AgentContext, Mode, Scorer
+from acare_ray.scoring.causal.load import build_causal_module, check_fast_path
 from acare_ray.testing import TINY_QWEN3, build_random_qwen3, model_config_path
 
-LOGGER = "acare_ray.causal_fallback"
+LOGGER = "acare_ray.scoring.causal.load"
 # Lengths from one token to several hundred, so batches mix very different widths.
 VARIED = [
     "x",

@@ -1,6 +1,6 @@
 import pytest
 
-from acare_ray.context import AgentContext, FieldDropout, Mode, parse_mode
+from acare_ray.scoring import AgentContext, FieldDropout, Mode, parse_mode
 
 
 def test_auto_mode_is_the_richest_the_fields_allow():

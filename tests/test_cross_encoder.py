@@ -3,8 +3,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from acare_ray.context import AgentContext, Mode
-from acare_ray.scorer import Scorer, resolve_model_path
+from acare_ray.scoring import AgentContext, Mode, Scorer, resolve_model_path
 
 CONTEXT = AgentContext(
     "capital population",

@@ -3,9 +3,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.data.io import data_dir
-from acare_ray.prompt import FieldCaps, PromptConfig, PromptEncoder, render
+from acare_ray.scoring import AgentContext, FieldCaps, Mode, PromptConfig
+from acare_ray.scoring.prompt import PromptEncoder, render
 from acare_ray.testing import qwen3_tokenizer_dir
 
 # The official recipe (QwenLM/Qwen3-Embedding, examples/qwen3_reranker_transformers.py), verbatim.
@@ -103,7 +103,7 @@ def test_yes_and_no_are_single_tokens_with_the_known_ids(tokenizer):
 
 
 def test_multi_token_answer_word_fails_clearly(tokenizer, monkeypatch):
-    monkeypatch.setattr("acare_ray.prompt.YES_TOKEN", "yesterday's")
+    monkeypatch.setattr("acare_ray.scoring.prompt.YES_TOKEN", "yesterday's")
     with pytest.raises(ValueError, match="single token"):
         PromptEncoder(tokenizer)
 

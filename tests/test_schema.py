@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from acare_ray.context import Mode
 from acare_ray.schema import (
     RERANK_OUTPUT,
     SEARCHES,
@@ -17,6 +16,7 @@ from acare_ray.schema import (
     parse_search,
     rerank_row,
 )
+from acare_ray.scoring import Mode
 
 
 def _row(**overrides):

@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from acare_ray.context import AgentContext, Mode
-from acare_ray.scorer import Scorer, plan_batches, rank_order
+from acare_ray.scoring import AgentContext, Mode, Scorer, rank_order
+from acare_ray.scoring.batching import plan_batches
 
 CONTEXT = AgentContext(
     "capital population",
@@ -231,7 +231,7 @@ class _Flaky:
 
 
 def test_score_isolated_fails_only_the_bad_search():
-    from acare_ray.scorer import score_isolated
+    from acare_ray.scoring import score_isolated
 
     ok, empty, boom = (
         (AgentContext("q"), ["a", "b"]),
@@ -255,15 +255,15 @@ def test_score_isolated_fails_only_the_bad_search():
 
 
 def test_both_backends_implement_the_one_backend_protocol(tiny_scorer, minilm_scorer):
-    """Scorer, trainer, checkpoints and online token accounting use ``acare_ray.backend.Backend``
+    """Scorer, trainer, checkpoints and online token accounting use ``acare_ray.scoring.backend.Backend``
     and never branch on which backend it is."""
     import inspect
 
-    import acare_ray.online.tokens
+    import acare_ray.scoring.tokens
     import acare_ray.training.checkpoint
     import acare_ray.training.collator
     import acare_ray.training.loop
-    from acare_ray.backend import Backend
+    from acare_ray.scoring import Backend
 
     for scorer in (tiny_scorer, minilm_scorer):
         backend = scorer.backend
@@ -274,7 +274,7 @@ def test_both_backends_implement_the_one_backend_protocol(tiny_scorer, minilm_sc
         assert backend.document_room(context_tokens) > 0
         assert backend.request_cost(context_tokens, []) == 0
     for module in (
-        acare_ray.online.tokens,
+        acare_ray.scoring.tokens,
         acare_ray.training.checkpoint,
         acare_ray.training.collator,
         acare_ray.training.loop,

@@ -146,7 +146,7 @@ def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker
         gold = {(t.task_id, k): g for t in tasks for k, g in enumerate(t.gold_steps)}
         systems.append(OracleReranker(gold))
     elif config.reranker == "model":
-        from acare_ray.scorer import Scorer
+        from acare_ray.scoring import Scorer
 
         options = {}
         if config.max_batch_tokens is not None:

@@ -7,7 +7,7 @@ the indices of its best ``top_n`` candidates, best first. Implementations:
 - :class:`FirstStage`: BM25 order (the baseline, ``--reranker none``);
 - :class:`OracleReranker`: the step's supporting paragraph first, then BM25 order (tests, and an
   upper bound);
-- :class:`ScorerReranker`: an in-process :class:`~acare_ray.scorer.Scorer` in one mode;
+- :class:`ScorerReranker`: an in-process :class:`~acare_ray.scoring.scorer.Scorer` in one mode;
 - :class:`EndpointReranker`: any Cohere-compatible ``POST {url}/v2/rerank`` with the ACARe
   fields ``original_question``, ``reasoning`` and ``mode`` as extra body fields.
 
@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from acare_ray.context import AgentContext
 from acare_ray.fusion import FusionConfig, fuse
+from acare_ray.scoring import AgentContext, Scorer
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class OracleReranker:
 
 
 class ScorerReranker:
-    """An in-process :class:`~acare_ray.scorer.Scorer` in ``mode`` (M0..M3 or auto); with an
+    """An in-process :class:`~acare_ray.scoring.scorer.Scorer` in ``mode`` (M0..M3 or auto); with an
     enabled ``fusion``, its log-odds fused with the request's first stage (name
     ``<mode>+<fusion label>``).
 
@@ -108,7 +108,7 @@ class ScorerReranker:
 
     def __init__(
         self,
-        scorer: Any,
+        scorer: Scorer,
         mode: str = "auto",
         lock: threading.Lock | None = None,
         fusion: FusionConfig | None = None,

@@ -17,7 +17,7 @@ import pyarrow as pa
 from acare_ray.fusion import FusionConfig
 from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows, table_rows
 from acare_ray.schema import RERANK_OUTPUT
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import Scorer
 
 log = logging.getLogger(__name__)
 

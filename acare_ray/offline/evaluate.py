@@ -36,7 +36,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from acare_ray.context import Mode, parse_mode
 from acare_ray.fusion import FusionConfig, first_stage_ranks, fuse, ranked_run
 from acare_ray.fusion import resolve as resolve_fusion
 from acare_ray.metrics import (
@@ -57,6 +56,7 @@ from acare_ray.offline.session_eval import (
     paired_comparisons,
     session_section,
 )
+from acare_ray.scoring import Mode, parse_mode
 from acare_ray.training.checkpoint import read_fusion
 
 TESTS = ("randomization", "bootstrap")

@@ -1,6 +1,6 @@
 """``acare relabel``: a labeler model turns searches into LCE training groups, over Parquet.
 
-The labeler (any model :class:`~acare_ray.scorer.Scorer` loads, typically bigger than the
+The labeler (any model :class:`~acare_ray.scoring.scorer.Scorer` loads, typically bigger than the
 model being trained) reads each search's sub-query and reasoning plus the original question,
 the gold answer and the supporting documents (:func:`~acare_ray.offline.score.labeler_context`)
 and ranks the candidates: the best becomes the positive, the ``negatives`` worst the negatives.

@@ -1,6 +1,6 @@
 """Pure batch functions the offline actors run: rows of searches in, output rows out.
 
-No Ray here: an actor loads a :class:`~acare_ray.scorer.Scorer` once and calls these per batch,
+No Ray here: an actor loads a :class:`~acare_ray.scoring.scorer.Scorer` once and calls these per batch,
 and tests call them directly. The bad-row contract holds per row: a row that fails validation,
 asks for a mode whose field it lacks, or fails to score becomes an output row with ``error``
 set, never an exception that would fail the batch (and with it the job).
@@ -15,10 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from acare_ray.context import AgentContext, Mode, parse_mode
 from acare_ray.fusion import FusionConfig
 from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
-from acare_ray.scorer import Scorer, score_isolated
+from acare_ray.scoring import AgentContext, Mode, Scorer, parse_mode, score_isolated
 
 RELABEL_OUTPUT = (
     TRAINING_GROUPS.insert(0, pa.field("search_id", pa.string()))

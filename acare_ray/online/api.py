@@ -1,6 +1,6 @@
 """HTTP request and response models: Cohere rerank v1/v2, TEI ``/rerank``, and the ACARe fields.
 
-Score definition: the model's score is raw log-odds ``s`` (see :mod:`acare_ray.scorer`).
+Score definition: the model's score is raw log-odds ``s`` (see :mod:`acare_ray.scoring.scorer`).
 Cohere ``relevance_score`` and TEI ``score`` are ``sigmoid(s)`` in 0..1; TEI with
 ``raw_scores=true`` returns ``s`` itself. Results are ordered by ``s``, best first, equal
 scores in input order.
@@ -33,7 +33,7 @@ from scipy.special import expit
 
 from acare_ray.online.first_stage import FirstStageFields, FusedScores
 from acare_ray.online.service import ScoringJob, Search
-from acare_ray.scorer import rank_order
+from acare_ray.scoring import rank_order
 
 COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
 

@@ -53,7 +53,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ray import serve
 from ray.serve import Application
 
-from acare_ray.backend import Cancelled
 from acare_ray.online.admission import Admission, Overloaded
 from acare_ray.online.http import Scored, create_api, parse_keys
 from acare_ray.online.metrics import ServeMetrics
@@ -66,7 +65,7 @@ from acare_ray.online.models import (
     model_card,
 )
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
-from acare_ray.scorer import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL, Cancelled
 
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.005
@@ -441,7 +440,7 @@ class Reranker:
     """One model replica; see the module docstring."""
 
     def __init__(self, args: dict[str, Any], sessions: Any = None) -> None:
-        from acare_ray.scorer import Scorer
+        from acare_ray.scoring import Scorer
         from acare_ray.training.checkpoint import read_fusion
 
         config = AppArgs.model_validate(args)

@@ -4,7 +4,7 @@ Every endpoint shape (Cohere v1/v2, TEI) converts its body to a :class:`Search`;
 :meth:`RerankService.prepare` validates it against the model (fields, mode, limits, document
 truncation, token cost) and returns a :class:`ScoringJob`; :meth:`RerankService.score` scores
 any number of jobs in one :meth:`Scorer.score_many` call (each job's prefix shared by its own
-documents). Scores are the scorer's raw log-odds (see :mod:`acare_ray.scorer`); turning them
+documents). Scores are the scorer's raw log-odds (see :mod:`acare_ray.scoring.scorer`); turning them
 into a 0..1 ``relevance_score`` is the API layer's business.
 
 Client mistakes raise :class:`ClientError` with the HTTP status and the request field at fault.
@@ -17,11 +17,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from acare_ray.backend import CancelFn
-from acare_ray.context import AUTO, AgentContext, Mode, parse_mode
-from acare_ray.online.tokens import TokenLayout
-from acare_ray.scorer import Scorer, score_isolated
+from acare_ray.scoring import (
+    AUTO,
+    AgentContext,
+    CancelFn,
+    Mode,
+    Scorer,
+    TokenLayout,
+    parse_mode,
+    score_isolated,
+)
 
+# The request field that carries each context field (AgentContext's names are the core's).
+WIRE_FIELDS = {"question": "original_question", "reasoning": "reasoning"}
 # Error messages may quote client input (a mode name, an exception text): never echo more.
 MAX_MESSAGE_CHARS = 300
 
@@ -89,7 +97,7 @@ class ScoringJob:
 
     ``tokens`` is about what the model will compute for it (the unit of the batch scheduler and
     of admission: exact for the prompt prefix and for documents long enough to be tokenized
-    here, estimated from bytes for the others, see :mod:`acare_ray.online.tokens`);
+    here, estimated from bytes for the others, see :mod:`acare_ray.scoring.tokens`);
     ``context_tokens`` the exact size of the prompt part beside the documents; ``limit`` the
     per-document token limit applied; ``truncated`` the indices of documents cut to it.
     ``bound`` is an upper bound of ``tokens`` computed before any tokenization
@@ -226,11 +234,11 @@ class RerankService:
             requested = parse_mode(search.mode)
         except ValueError as err:
             raise ClientError(422, "mode", str(err)) from None
-        if search.instruction is not None and self.layout.backend_name != "causal_lm":
+        if search.instruction is not None and not self.layout.instruction_line:
             raise ClientError(
                 422,
                 "instruction",
-                f"the served model ({self.layout.backend_name}) has no instruction line",
+                f"the served model ({self.scorer.backend.name}) has no instruction line",
             )
         try:
             context = AgentContext(
@@ -245,15 +253,11 @@ class RerankService:
             mode = context.richest_mode
         else:
             mode = requested
-            if mode.uses_question and context.question is None:
+            if missing := context.missing_field(mode):
                 raise ClientError(
                     422,
-                    "original_question",
+                    WIRE_FIELDS[missing],
                     f"mode {mode.value} reads it, but it is missing or empty",
-                )
-            if mode.uses_reasoning and context.reasoning is None:
-                raise ClientError(
-                    422, "reasoning", f"mode {mode.value} reads it, but it is missing or empty"
                 )
         return context.for_mode(mode), mode
 
@@ -265,7 +269,7 @@ class RerankService:
         Jobs are validated already; should the scorer still fail one (any exception, an
         out-of-memory error retried at a smaller batch first: :func:`score_isolated`), only
         that job gets the exception. ``cancel`` is checked before every forward pass; when it
-        says stop, :class:`~acare_ray.backend.Cancelled` is raised.
+        says stop, :class:`~acare_ray.scoring.backend.Cancelled` is raised.
         """
         items = [(job.context, list(job.documents)) for job in jobs]
         return score_isolated(self.scorer, items, AUTO, cancel=cancel)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from acare_ray.fusion import FusionConfig
-from acare_ray.scorer import ACARE_CONFIG_FILE
+from acare_ray.scoring import ACARE_CONFIG_FILE, Scorer
 
 TRAINING_FILE = "training.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -49,12 +49,12 @@ def staging_root(storage_path: str | os.PathLike, name: str) -> Path:
     return Path(storage_path).expanduser() / name / STAGING_DIR
 
 
-def hf_model(scorer: Any) -> nn.Module:
+def hf_model(scorer: Scorer) -> nn.Module:
     """The Hugging Face ``PreTrainedModel`` inside a scorer."""
     return scorer.backend.hf_model
 
 
-def hf_tokenizer(scorer: Any) -> Any:
+def hf_tokenizer(scorer: Scorer) -> Any:
     return scorer.backend.tokenizer
 
 
@@ -113,7 +113,7 @@ def load_optimizer_state(
 
 def write_checkpoint(
     directory: str | os.PathLike,
-    scorer: Any,
+    scorer: Scorer,
     *,
     info: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
@@ -193,7 +193,7 @@ FUSION_KEY = "fusion"
 def read_fusion(model: str | os.PathLike) -> FusionConfig | None:
     """The fusion setting fitted for a checkpoint (``fusion`` in its ``acare.json``), or None
     when it has none (an unfitted checkpoint, a Hub id, an alias)."""
-    from acare_ray.scorer import read_acare_config
+    from acare_ray.scoring import read_acare_config
 
     path = Path(model)
     if not path.is_dir():
@@ -212,7 +212,7 @@ def write_fusion(
 ) -> Path:
     """Store ``config`` (and how it was fitted) as the checkpoint's default fusion, in its
     ``acare.json`` (other entries kept; the file is replaced whole, never half-written)."""
-    from acare_ray.scorer import read_acare_config
+    from acare_ray.scoring import read_acare_config
 
     directory = Path(directory)
     if not directory.is_dir():

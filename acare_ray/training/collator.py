@@ -1,10 +1,10 @@
 """Training groups -> model inputs: reading, the session split, epoch order, dropout, tokens.
 
 A group is one prompt (sub-query + optional question and reasoning) and ``group_size``
-documents, the positive first. Context dropout (:class:`acare_ray.context.FieldDropout`) is drawn
+documents, the positive first. Context dropout (:class:`acare_ray.scoring.context.FieldDropout`) is drawn
 once per group, so all documents of a group share one prompt, and the mode rendered is the
 richest mode the surviving fields allow (its instruction comes with it). Tokens come from the
-scoring core itself: the causal backend's :class:`~acare_ray.prompt.PromptEncoder` (shared
+scoring core itself: the causal backend's :class:`~acare_ray.scoring.prompt.PromptEncoder` (shared
 prefix + ``" " + document`` + suffix, field caps, document budget) and the cross-encoder's
 ``encode``, so training sees exactly the inputs that inference scores.
 """
@@ -17,15 +17,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from acare_ray.causal_lm import CausalBatch
-from acare_ray.context import AgentContext, FieldDropout, Mode
-from acare_ray.cross_encoder import PairBatch
 from acare_ray.schema import TRAINING_GROUPS, Group, RowError, parse_group
+from acare_ray.scoring import AgentContext, Backend, FieldDropout, Mode
+from acare_ray.scoring.causal.backend import CausalBatch
+from acare_ray.scoring.cross_encoder import PairBatch
 
 NEMO_SUFFIXES = (".jsonl", ".json")
 
@@ -121,7 +120,7 @@ class GroupCollator:
     limits are the ones inference uses.
     """
 
-    def __init__(self, backend: Any, group_size: int, dropout: FieldDropout) -> None:
+    def __init__(self, backend: Backend, group_size: int, dropout: FieldDropout) -> None:
         if not callable(getattr(backend, "collate_groups", None)):
             raise ValueError(f"backend {type(backend).__name__} cannot make training batches")
         self.backend = backend

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from acare_ray.context import Mode
 from acare_ray.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
-from acare_ray.scorer import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL, Mode
 
 STRATEGIES = ("ddp", "fsdp")
 # Settings that fix which groups each step sees; a relaunch that changes one cannot resume.

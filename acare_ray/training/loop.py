@@ -1,6 +1,6 @@
 """The optimisation step: LCE on the scoring core's own differentiable forward.
 
-The model trained is the module that serves: :class:`~acare_ray.causal_lm.PrefixSharedYesNo` for
+The model trained is the module that serves: :class:`~acare_ray.scoring.causal.fast.PrefixSharedYesNo` for
 causal LMs (several groups per forward, each prefix run once) or :class:`PairScorer` around the
 cross-encoder's ``forward_ids``. Scores are the raw log-odds of the scoring contract; the loss is
 :func:`acare_ray.loss.lce_loss` (temperature only there). On CUDA the forward runs under bf16
@@ -14,18 +14,17 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from acare_ray.cross_encoder import PairScorer  # noqa: F401 - re-exported
 from acare_ray.loss import lce_loss
+from acare_ray.scoring import Scorer
 from acare_ray.training.collator import Batch
 
 
-def trainable_module(scorer: Any) -> nn.Module:
-    """The differentiable scoring module of a :class:`~acare_ray.scorer.Scorer`."""
+def trainable_module(scorer: Scorer) -> nn.Module:
+    """The differentiable scoring module of a :class:`~acare_ray.scoring.scorer.Scorer`."""
     return scorer.backend.trainable_module()
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from acare_ray.context import FieldDropout
+from acare_ray.scoring import FieldDropout
 from acare_ray.training import checkpoint as ckpt
 from acare_ray.training.collator import GroupCollator
 from acare_ray.training.config import TrainConfig
@@ -84,7 +84,7 @@ class WorkerRun:
         import ray.train
         from ray.train.torch import get_device
 
-        from acare_ray.scorer import Scorer
+        from acare_ray.scoring import Scorer
 
         self.config = config
         context = ray.train.get_context()

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from acare_ray.context import Mode
 from acare_ray.loss import DEFAULT_TEMPERATURE, lce_loss
 from acare_ray.metrics import evaluate
 from acare_ray.schema import Group
+from acare_ray.scoring import Mode, Scorer
 
 MEASURE = "nDCG@10"
 CHUNK_GROUPS = 32
@@ -55,7 +55,9 @@ def qrels_of(groups: Sequence[Group]) -> dict[str, dict[str, int]]:
     }
 
 
-def score_groups(scorer: Any, groups: Sequence[Group], mode: Mode) -> dict[str, dict[str, float]]:
+def score_groups(
+    scorer: Scorer, groups: Sequence[Group], mode: Mode
+) -> dict[str, dict[str, float]]:
     """A run ``{group_id: {doc_id: score}}`` for ``groups`` in ``mode``."""
     run: dict[str, dict[str, float]] = {}
     for start in range(0, len(groups), CHUNK_GROUPS):
@@ -78,7 +80,7 @@ def _gather(run: dict[str, dict[str, float]], world_size: int) -> dict[str, dict
 
 
 def validate(
-    scorer: Any,
+    scorer: Scorer,
     groups: Sequence[Group],
     modes: Sequence[Mode | str],
     rank: int = 0,

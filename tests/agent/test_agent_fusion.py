@@ -18,9 +18,9 @@ from acare_ray.agent.rerankers import (
 )
 from acare_ray.agent.simulate import run_task
 from acare_ray.agent.tasks import build_tasks, select_records
-from acare_ray.context import AgentContext
 from acare_ray.data.io import data_dir
 from acare_ray.fusion import FusionConfig, fuse
+from acare_ray.scoring import AgentContext
 from acare_ray.training.checkpoint import write_fusion
 
 REQUEST = RerankRequest(

@@ -24,7 +24,7 @@ import pytest
 from agents_support import CORPUS
 from scipy.special import expit
 
-from acare_ray.context import AgentContext
+from acare_ray.scoring import AgentContext
 
 # docs/agents.md section 7, run by tests/agent/test_agent_bench_endpoint.py.
 AGENT_BENCH_COMMANDS = [

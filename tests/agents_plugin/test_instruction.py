@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.service import ClientError, RerankService, Search
-from acare_ray.prompt import INSTRUCTIONS, SUFFIX, render_prefix
+from acare_ray.scoring import AgentContext, Mode
+from acare_ray.scoring.prompt import INSTRUCTIONS, SUFFIX, render_prefix
 
 INSTRUCTION = "Given a trivia question, find the paragraph that states the answer"
 DOCS = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
@@ -153,9 +153,9 @@ def test_an_instruction_travels_from_searches_to_training_prompts(tiny_scorer):
     table carries it, and the training prompt the collator builds uses it (dropout leaves it)."""
     import pyarrow as pa
 
-    from acare_ray.context import FieldDropout
     from acare_ray.data.groups import searches_to_groups
     from acare_ray.schema import SEARCHES, parse_group
+    from acare_ray.scoring import FieldDropout
     from acare_ray.training.collator import GroupCollator
 
     custom = "Find the passage that gives the population figure"

@@ -14,7 +14,7 @@ pytest.importorskip("mcp")
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from acare_ray.context import AgentContext  # noqa: E402
+from acare_ray.scoring import AgentContext  # noqa: E402
 
 QUERY = "capital population"
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"

@@ -13,12 +13,11 @@ from agents_support import CORPUS
 from fastapi.testclient import TestClient
 
 from acare_ray.cli import main
-from acare_ray.context import AgentContext
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.http import Scored, client_of, create_api
 from acare_ray.online.service import ClientError, Limits, RerankService
-from acare_ray.scorer import rank_order
+from acare_ray.scoring import AgentContext, rank_order
 from acare_ray.search.api import LocalSessions, SearchSettings, search_routes
 from acare_ray.search.first_stage import BM25FirstStage, HttpFirstStage
 from acare_ray.search.index import document_text

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from acare_ray import causal_lm
-from acare_ray.context import AgentContext, Mode
+from acare_ray.scoring import AgentContext, Mode
 
 CONTEXT = AgentContext(
     "capital population",
@@ -63,7 +63,7 @@ def test_split_prefix_attention_equals_concatenation(tiny_scorer, monkeypatch, d
 def test_split_path_equals_the_full_forward_of_each_prompt(tiny_qwen3_dir, budget):
     from transformers import AutoTokenizer
 
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), max_batch_tokens=budget)
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
@@ -79,7 +79,7 @@ def test_split_path_equals_the_full_forward_of_each_prompt(tiny_qwen3_dir, budge
 
 @pytest.mark.slow
 def test_compiled_layers_score_like_eager(tiny_qwen3_dir, tiny_scorer):
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     compiled = Scorer.from_pretrained(str(tiny_qwen3_dir), compile=True)
     assert compiled.backend.module._compiled_layer is not None

@@ -32,8 +32,8 @@ MISSING = "c" * 40
 
 SCORE_SCRIPT = r"""
 import json, sys
-from acare_ray.context import AgentContext
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import AgentContext
+from acare_ray.scoring import Scorer
 
 out = {}
 for label, name, revision in json.loads(sys.argv[1]):
@@ -107,7 +107,7 @@ class Loaded(Exception):
 
 @pytest.fixture
 def recorded(monkeypatch) -> list[dict[str, Any]]:
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     calls: list[dict[str, Any]] = []
 

@@ -101,9 +101,8 @@ def test_ray_job_submit_runs_the_offline_job(cluster, searches, tiny_qwen3_dir, 
 def test_ray_job_submit_runs_training(cluster, tiny_qwen3_dir, tmp_path):
     """``ray job submit --runtime-env jobs/train.yaml -- acare train ...``: a Ray Train run on
     the two nodes whose final checkpoint loads and scores."""
-    from acare_ray.context import AgentContext
     from acare_ray.data.synthetic import synthetic_groups
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import AgentContext, Scorer
 
     data = write_parquet(synthetic_groups(6, seed=2), tmp_path / "groups.parquet")
     command = ["acare", "train", "--data", str(data), "--model", str(tiny_qwen3_dir)]

@@ -170,7 +170,7 @@ def test_first_stage_system_is_the_input_order_and_fused_systems_reuse_the_score
 def test_relabel_job_writes_one_row_per_search_and_groups_from_the_labeler(
     ray_local, searches, tiny_qwen3_dir, tmp_path
 ):
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     _, rows = searches
     rows = [dict(r) for r in rows]

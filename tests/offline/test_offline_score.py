@@ -21,7 +21,7 @@ from acare_ray.schema import parse_search
 @pytest.fixture(scope="module")
 def scorer(tiny_qwen3_dir):
     """The tiny Qwen3 with a short max_length, so the 1 MB document is cut early."""
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     return Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", max_length=1024)
 
@@ -109,7 +109,7 @@ def test_labeler_sees_answer_and_supporting_texts_not_other_candidates(rows):
 
 
 def test_relabel_takes_labeler_top1_as_positive_and_bottom7_as_negatives(tiny_qwen3_dir, rows):
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     labeler = Scorer.from_pretrained(str(tiny_qwen3_dir), instruction=LABELER_INSTRUCTION)
     failed = dict(rows[1], judge_ok=False)
@@ -159,7 +159,7 @@ def _gold_rows(rows):
 def test_gold_aware_relabel_takes_a_gold_positive_and_no_gold_negative(
     tiny_qwen3_dir, rows, negatives_from
 ):
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     labeler = Scorer.from_pretrained(str(tiny_qwen3_dir), instruction=LABELER_INSTRUCTION)
     gold_rows = _gold_rows(rows)

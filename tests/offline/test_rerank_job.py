@@ -72,7 +72,7 @@ def test_rows_in_equal_rows_out_and_bad_rows_carry_their_error(first_run, mixed_
 
 
 def test_scores_written_by_the_job_equal_scorer_score(first_run, mixed_searches, tiny_qwen3_dir):
-    from acare_ray.scorer import Scorer
+    from acare_ray.scoring import Scorer
 
     scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", **SETTINGS.options())
     out, _ = first_run

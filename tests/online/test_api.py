@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.online.api import (
     CohereRerankRequest,
     TeiRerankRequest,
@@ -17,6 +16,7 @@ from acare_ray.online.api import (
     tei_response,
 )
 from acare_ray.online.service import ScoringJob
+from acare_ray.scoring import AgentContext, Mode
 
 
 def job(n: int, truncated: tuple[int, ...] = ()) -> ScoringJob:

@@ -10,7 +10,6 @@ from ray.serve import Application
 from ray.serve.schema import ServeDeploySchema
 
 from acare_ray.cli import main
-from acare_ray.context import AgentContext, Mode
 from acare_ray.online.deployment import (
     DEFAULT_MAX_BATCH_SIZE,
     AppArgs,
@@ -21,6 +20,7 @@ from acare_ray.online.deployment import (
     build_app,
 )
 from acare_ray.online.service import ScoringJob
+from acare_ray.scoring import AgentContext, Mode
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "serve_configs").glob("*.yaml"))

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from acare_ray.backend import Cancelled
-from acare_ray.context import AgentContext
-from acare_ray.scorer import is_out_of_memory, plan_batches, score_isolated
+from acare_ray.scoring import AgentContext, Cancelled, is_out_of_memory, score_isolated
+from acare_ray.scoring.batching import plan_batches
 
 DOCS = ["Paris is the capital of France.", "Berlin is in Germany.", "A river runs through it."]
 

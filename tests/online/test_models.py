@@ -28,13 +28,12 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from scipy.special import expit
 
-from acare_ray.context import AgentContext
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.deployment import AppArgs
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import ClientError, RerankService
-from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
+from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Scorer
 from acare_ray.testing import build_random_qwen3
 from acare_ray.training.checkpoint import write_fusion
 

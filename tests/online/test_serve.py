@@ -41,9 +41,8 @@ import pytest
 import yaml
 from scipy.special import expit
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.fusion import FusionConfig, fuse
-from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
+from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Mode, Scorer
 from acare_ray.training.checkpoint import read_fusion, write_fusion
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob, Search
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import AgentContext, Mode, Scorer
 
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
 REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import Scorer
 from acare_ray.training import checkpoint as ckpt
 
 

@@ -9,11 +9,12 @@ import pyarrow as pa
 import pytest
 import torch
 
-from acare_ray.context import AgentContext, FieldDropout, Mode
 from acare_ray.data.io import write_parquet
 from acare_ray.data.nemo import write_nemo_jsonl
 from acare_ray.data.synthetic import synthetic_groups
 from acare_ray.schema import TRAINING_GROUPS, Candidate, Group, RowError
+from acare_ray.scoring import AgentContext, FieldDropout, Mode
+from acare_ray.scoring.cross_encoder import PairScorer
 from acare_ray.training.collator import (
     GroupCollator,
     epoch_order,
@@ -21,7 +22,6 @@ from acare_ray.training.collator import (
     read_groups,
     split_by_session,
 )
-from acare_ray.training.loop import PairScorer
 
 
 def _groups(n: int) -> list[Group]:

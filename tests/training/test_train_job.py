@@ -24,10 +24,9 @@ import ray
 import ray.cloudpickle
 from safetensors.torch import load_file
 
-from acare_ray.context import AgentContext, Mode
 from acare_ray.data.io import write_parquet
 from acare_ray.schema import TRAINING_GROUPS
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import AgentContext, Mode, Scorer
 from acare_ray.training import TrainConfig, run
 from acare_ray.training.checkpoint import full_parameters, read_training_info
 from acare_ray.training.trainer import WorkerRun, build_trainer

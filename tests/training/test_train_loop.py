@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from acare_ray.context import FieldDropout
 from acare_ray.data.synthetic import synthetic_groups
 from acare_ray.loss import lce_loss
-from acare_ray.scorer import Scorer
+from acare_ray.scoring import FieldDropout, Scorer
 from acare_ray.training.collator import GroupCollator, parse_groups
 from acare_ray.training.loop import (
     build_optimizer,

@@ -10,18 +10,19 @@ prompt at once (checked on real MuSiQue paragraphs in the tests), which is what 
 reuse the prefix's KV cache for every candidate.
 
 Every field, document and custom instruction is untrusted text: it is tokenized by
-:class:`acare_ray.untrusted.InertTokenizer`, so only the template produces control tokens, and a
+:class:`acare_ray.scoring.untrusted.InertTokenizer`, so only the template produces control tokens, and a
 field over its cap is cut on token ids (never decoded and tokenized again).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from string import Formatter
 from typing import Any
 
-from acare_ray.context import AgentContext, Mode
-from acare_ray.untrusted import (
+from acare_ray.scoring.config import FieldCaps, PromptConfig
+from acare_ray.scoring.context import AgentContext, Mode
+from acare_ray.scoring.untrusted import (
     Ids,
     InertTokenizer,
     Part,
@@ -70,24 +71,6 @@ INSTRUCTIONS: dict[Mode, str] = {
 
 YES_TOKEN = "yes"
 NO_TOKEN = "no"
-
-
-@dataclass(frozen=True)
-class FieldCaps:
-    """Per-field token caps, applied before assembly. Reasoning keeps its end."""
-
-    sub_query: int = 256
-    question: int = 2048
-    reasoning: int = 512
-
-
-@dataclass(frozen=True)
-class PromptConfig:
-    """How prompts are built: caps, the overall length limit and an optional custom instruction."""
-
-    caps: FieldCaps = field(default_factory=FieldCaps)
-    max_length: int = 8192
-    instruction: str | None = None
 
 
 def query_block(context: AgentContext, mode: Mode) -> str:
@@ -176,7 +159,7 @@ class PromptEncoder:
     """Turns (context, documents) into token ids: capped fields, shared prefix, truncated documents.
 
     All user text (fields, documents, a configured instruction) goes through an
-    :class:`~acare_ray.untrusted.InertTokenizer`: only the template makes control tokens.
+    :class:`~acare_ray.scoring.untrusted.InertTokenizer`: only the template makes control tokens.
     ``prefix_ids`` is computed once per search; ``document_ids`` tokenizes all documents of any
     number of searches in one batched call; ``document_budget`` says how many document tokens fit
     beside a prefix so that prefix + document + suffix <= ``max_length``.

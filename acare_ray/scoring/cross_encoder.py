@@ -10,51 +10,81 @@ batched together by token budget.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from acare_ray.backend import CancelFn, check_cancelled
-from acare_ray.causal_lm import BackendStats, move_tensors, pad_right
-from acare_ray.context import AgentContext, Mode
-from acare_ray.prompt import FieldCaps, PromptConfig, cap_fields, query_block, query_block_parts
-from acare_ray.untrusted import InertTokenizer, encode_capped
+from acare_ray.scoring.backend import Backend, CancelFn, LoadRequest, Search, check_cancelled
+from acare_ray.scoring.batching import BatchPlan, move_tensors, pad_right
+from acare_ray.scoring.config import FieldCaps, PromptConfig
+from acare_ray.scoring.context import AgentContext, Mode
+from acare_ray.scoring.prompt import cap_fields, query_block, query_block_parts
+from acare_ray.scoring.untrusted import InertTokenizer, encode_capped
 
-CROSS_ENCODER_CAPS = FieldCaps(sub_query=64, question=128, reasoning=160)
 
+class CrossEncoderBackend(Backend):
+    """Registered as ``cross_encoder``; takes any architecture ``backend="auto"`` leaves."""
 
-class CrossEncoderBackend:
-    name = "cross_encoder"
+    name: ClassVar[str] = "cross_encoder"
+    document_lead: ClassVar[str] = ""
+    instruction_line: ClassVar[bool] = False
+    default_prompt: ClassVar[PromptConfig] = PromptConfig(
+        caps=FieldCaps(sub_query=64, question=128, reasoning=160), max_length=512
+    )
 
     def __init__(
         self,
         model: nn.Module,
-        tokenizer,
-        config: PromptConfig,
-        plan: Callable[[list[int]], list[np.ndarray]],
+        tokenizer: Any,
+        prompt: PromptConfig,
+        plan: BatchPlan,
         device: torch.device,
     ) -> None:
+        super().__init__(prompt, plan, device)
         self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.config = config
-        self.plan = plan
-        self.device = device
-        self.stats = BackendStats()
-        self.inert = InertTokenizer(tokenizer)
-        self.pair = PairLayout.of(self.inert)
+        self._tokenizer = tokenizer
+        self._inert = InertTokenizer(tokenizer)
+        self.pair = PairLayout.of(self._inert)
+
+    @classmethod
+    def load(cls, request: LoadRequest) -> CrossEncoderBackend:
+        from transformers import AutoModelForSequenceClassification
+
+        # A bare backbone gets a fresh classification head: seed it so every replica and every
+        # job actor starts from the same weights and scores identically.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                request.path, num_labels=1, dtype=request.dtype, revision=request.revision
+            )
+        prompt = replace(
+            request.prompt,
+            max_length=min(request.prompt.max_length, model.config.max_position_embeddings),
+        )
+        return cls(
+            model.to(request.device), request.tokenizer, prompt, request.plan, request.device
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def inert(self) -> InertTokenizer:
+        return self._inert
 
     def context_ids(self, context: AgentContext, mode: Mode) -> list[int]:
         """Ids of the mode's query block, fields capped on ids, user text inert."""
-        fields = cap_fields(self.inert, context.for_mode(mode), self.config.caps)
+        fields = cap_fields(self.inert, context.for_mode(mode), self.prompt.caps)
         return self.inert.assemble(query_block_parts(mode, fields))
 
     def context_text(self, context: AgentContext, mode: Mode) -> str:
         """Display text of the query block (cut fields shown decoded)."""
-        fields = cap_fields(self.inert, context.for_mode(mode), self.config.caps)
+        fields = cap_fields(self.inert, context.for_mode(mode), self.prompt.caps)
         shown = {name: f.text for name, f in fields.items()}
         return query_block(
             AgentContext(
@@ -67,19 +97,9 @@ class CrossEncoderBackend:
         sep = self.tokenizer.sep_token or "\n"
         return f"{self.context_text(context, mode)} {sep} {document}"
 
-    # The rest of the Backend protocol (acare_ray.backend): checkpoints, training, online tokens.
-    document_lead = ""
-
     @property
     def hf_model(self) -> nn.Module:
         return self.model
-
-    @property
-    def max_length(self) -> int:
-        return self.config.max_length
-
-    def checkpoint_fields(self) -> dict[str, Any]:
-        return {}
 
     def trainable_module(self) -> nn.Module:
         return PairScorer(self)
@@ -107,7 +127,7 @@ class CrossEncoderBackend:
         specials = self.pair.specials
         return sum(document_tokens) + (context_tokens + specials) * len(document_tokens)
 
-    def encode(self, searches: list[tuple[AgentContext, Mode, list[str]]]) -> list[list[int]]:
+    def encode(self, searches: list[Search]) -> list[list[int]]:
         """Pair ids (special tokens, context block, document cut to the room left) per document."""
         firsts, seconds, rooms = [], [], []
         for context, mode, docs in searches:
@@ -139,7 +159,7 @@ class CrossEncoderBackend:
         return (after_first_sep & mask.bool()).long()
 
     def score_searches(
-        self, searches: list[tuple[AgentContext, Mode, list[str]]], cancel: CancelFn | None = None
+        self, searches: list[Search], cancel: CancelFn | None = None
     ) -> list[np.ndarray]:
         started = time.perf_counter()
         encoded = self.encode(searches)

@@ -1,6 +1,6 @@
-"""A safe causal backend: check the fast path's assumptions at load, else run the model's own forward.
+"""Loading a causal LM for scoring: check the fast path's assumptions, else the model's own forward.
 
-:class:`~acare_ray.causal_lm.PrefixSharedYesNo` (the fast path) re-implements Llama-family
+:class:`~acare_ray.scoring.causal.fast.PrefixSharedYesNo` (the fast path) re-implements Llama-family
 decoder layers: it calls ``self_attn.q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj``, the
 optional ``q_norm`` / ``k_norm``, ``input_layernorm``, ``mlp``, ``post_attention_layernorm``
 and ``model.rotary_emb`` itself, applies rotate-half RoPE and plain full causal softmax
@@ -14,30 +14,30 @@ silently or fail deep inside a job. So:
   layers, ``model_type``, attention implementation, logit post-processing);
 - :func:`probe_fast_path` then runs a few tokens through both the fast path and the model's own
   forward and reports a disagreement (catches what no structural check names);
-- :class:`HFForwardYesNo` (the fallback) is slower but exact for any ``*ForCausalLM``: it runs
+- :class:`~acare_ray.scoring.causal.hf_forward.HFForwardYesNo` (the fallback) is slower but exact for any ``*ForCausalLM``: it runs
   the model's own forward, reuses each prefix through the model's own KV cache (one prefix pass,
   the cache broadcast to the candidates of each batch) and reads only the last real position of
   each candidate, projected onto the "yes" and "no" rows of ``lm_head``;
-- :func:`build_causal_module` picks one (``causal_path="auto" | "fast" | "fallback"``) and logs
+- :func:`load_causal_module` loads the model; :func:`build_causal_module` picks one (``causal_path="auto" | "fast" | "fallback"``) and logs
   a warning naming why when it falls back.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 import logging
 import sys
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from acare_ray.causal_lm import SUPPORTED_MODEL_TYPES, PrefixSharedYesNo, _rope
+from acare_ray.scoring.backend import LoadRequest
+from acare_ray.scoring.causal.fast import SUPPORTED_MODEL_TYPES, PrefixSharedYesNo, apply_rope
+from acare_ray.scoring.causal.head import YesNoModule
+from acare_ray.scoring.causal.hf_forward import HFForwardYesNo
+from acare_ray.scoring.config import CAUSAL_PATHS
 
 logger = logging.getLogger(__name__)
 
-CAUSAL_PATHS = ("auto", "fast", "fallback")
 LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 ATTENTION_PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj"}
 ATTENTION_NORMS = {"q_norm", "k_norm"}
@@ -62,8 +62,6 @@ UNSUPPORTED_FIELDS = {
     "no_rope_layers": None,
     "partial_rotary_factor": 1.0,
 }
-# Fields after which even the fallback cannot use two lm_head rows: it takes the model's logits.
-HEAD_FIELDS = ("final_logit_softcapping", "logits_scaling", "logit_scale")
 
 
 def check_fast_path(causal_lm: nn.Module) -> list[str]:
@@ -238,7 +236,7 @@ def _rotary_reasons(decoder: nn.Module, config) -> list[str]:
             want, _ = apply(q, q, cos, sin)
     except Exception as error:  # noqa: BLE001
         return [f"apply_rotary_pos_emb(q, k, cos, sin) fails: {type(error).__name__}: {error}"]
-    got = _rope(q, cos.unsqueeze(1), sin.unsqueeze(1))
+    got = apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1))
     if not torch.allclose(got.float(), want.float(), atol=1e-2, rtol=1e-2):
         return ["the model's apply_rotary_pos_emb differs from the fast path's rotate-half RoPE"]
     return []
@@ -281,175 +279,13 @@ def probe_fast_path(fast: PrefixSharedYesNo) -> str | None:
     return None
 
 
-@dataclass
-class CachedPrefixes:
-    """One model KV cache per prefix (unpadded), with the prefix lengths ``[G]``."""
-
-    caches: list
-    lengths: torch.Tensor
-
-
-def _broadcast_cache(cache, rows: int):
-    """A copy of a batch-1 cache whose keys/values are broadcast (``expand``) to ``rows``.
-
-    The copy shares the prefix tensors (no per-candidate copy); the forward that uses it grows
-    its own layers by concatenation, so the prefix cache stays untouched for the next batch.
-    Works with layered caches (transformers 5: ``cache.layers``) and the older
-    ``key_cache``/``value_cache`` lists.
-    """
-    fork = copy.copy(cache)
-    if hasattr(cache, "layers"):
-        fork.layers = []
-        for layer in cache.layers:
-            layer = copy.copy(layer)
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                layer.keys = layer.keys.expand(rows, *layer.keys.shape[1:])
-                layer.values = layer.values.expand(rows, *layer.values.shape[1:])
-            fork.layers.append(layer)
-    else:  # transformers 4.x DynamicCache
-        fork.key_cache = [k.expand(rows, *k.shape[1:]) for k in cache.key_cache]
-        fork.value_cache = [v.expand(rows, *v.shape[1:]) for v in cache.value_cache]
-    return fork
-
-
-class HFForwardYesNo(nn.Module):
-    """The fallback: the model's own forward with its own KV cache for the shared prefix.
-
-    Same interface as :class:`~acare_ray.causal_lm.PrefixSharedYesNo` (``encode_prefixes``,
-    ``score_documents``, ``forward``, ``.lm``), so :class:`~acare_ray.causal_lm.CausalLMBackend`,
-    packing and training use it unchanged. Each prefix runs once, alone (no padding, so
-    sliding windows count exactly the real tokens); candidates are right-padded, continue the
-    prefix at positions ``P, P+1, ...`` and read their score at their last real position, where
-    padding after it cannot reach under causal attention. The base model's final hidden state
-    there is projected onto the "yes"/"no" rows of ``lm_head``; a head the two rows cannot
-    reproduce (logit soft-capping or scaling) takes the model's own logits at those positions.
-    """
-
-    path = "fallback"
-
-    def __init__(self, causal_lm: nn.Module, yes_id: int, no_id: int) -> None:
-        super().__init__()
-        self.lm = causal_lm
-        self.register_buffer("yes_no_ids", torch.tensor([yes_id, no_id]), persistent=False)
-        config = causal_lm.config
-        self._own_head = not isinstance(getattr(causal_lm, "lm_head", None), nn.Linear) or any(
-            getattr(config, name, None) not in (None, 1.0) for name in HEAD_FIELDS
-        )
-        decoder = self._decoder
-        params = inspect.signature(decoder.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-
-    def compile_layers(self, **options) -> None:
-        logger.warning("compile=True is ignored on the fallback causal path")
-
-    @property
-    def _decoder(self) -> nn.Module:
-        # get_decoder() returns None on some transformers 4.x causal LMs; their decoder is the
-        # base model (``base_model_prefix``, "model" for Llama-family models).
-        decoder = self.lm.get_decoder()
-        if decoder is None:
-            decoder = getattr(self.lm, getattr(self.lm, "base_model_prefix", "model"), None)
-        if decoder is None:
-            raise ValueError(f"{type(self.lm).__name__}: no decoder found (get_decoder() is None)")
-        return decoder
-
-    def encode_prefixes(
-        self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor
-    ) -> CachedPrefixes:
-        """Run each real prefix of right-padded ``[G, P]`` once, alone; keep the model's cache."""
-        lengths = prefix_mask.sum(dim=1)
-        caches = []
-        for row, length in zip(prefix_ids, lengths.tolist()):
-            out = self._decoder(input_ids=row[None, :length], use_cache=True)
-            cache = getattr(out, "cache", None)
-            caches.append(cache if cache is not None else out.past_key_values)
-        return CachedPrefixes(caches, lengths)
-
-    def score_documents(
-        self,
-        prefix: CachedPrefixes,
-        doc_ids: torch.Tensor,
-        doc_lengths: torch.Tensor,
-        doc_group: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Scores ``[N]`` (float32 log-odds) of right-padded candidates ``[N, D]`` (document +
-        suffix tokens); ``doc_group[i]``: the prefix candidate ``i`` continues."""
-        if doc_group is None:
-            if len(prefix.caches) != 1:
-                raise ValueError("doc_group is required when several prefixes are encoded")
-            groups = [(0, None)]
-        else:
-            groups = [(int(g), torch.nonzero(doc_group == g).flatten()) for g in doc_group.unique()]
-        parts, order = [], []
-        for g, rows in groups:
-            ids = doc_ids if rows is None else doc_ids[rows]
-            lengths = doc_lengths if rows is None else doc_lengths[rows]
-            parts.append(self._score_group(prefix.caches[g], int(prefix.lengths[g]), ids, lengths))
-            if rows is not None:
-                order.append(rows)
-        scores = torch.cat(parts)
-        if doc_group is None:
-            return scores
-        return scores[torch.argsort(torch.cat(order))]
-
-    def _score_group(
-        self, cache, prefix_length: int, doc_ids: torch.Tensor, doc_lengths: torch.Tensor
-    ) -> torch.Tensor:
-        rows = doc_ids.shape[0]
-        width = int(doc_lengths.max())
-        doc_ids = doc_ids[:, :width]
-        device = doc_ids.device
-        steps = torch.arange(width, device=device)
-        mask = torch.cat(
-            [
-                torch.ones(rows, prefix_length, dtype=torch.long, device=device),
-                (steps[None] < doc_lengths[:, None]).long(),
-            ],
-            dim=1,
-        )
-        inputs = dict(
-            input_ids=doc_ids,
-            attention_mask=mask,
-            position_ids=(prefix_length + steps).expand(rows, -1),
-            use_cache=True,
-        )
-        inputs[self._cache_kw] = _broadcast_cache(cache, rows)
-        last = doc_lengths - 1
-        picked = torch.arange(rows, device=device)
-        yes_no = self.yes_no_ids
-        if self._own_head:
-            positions = torch.unique(last)
-            logits = self.lm(**inputs, logits_to_keep=positions).logits
-            at = torch.searchsorted(positions, last)
-            logits = logits[picked, at][:, yes_no].float()
-        else:
-            hidden = self._decoder(**inputs).last_hidden_state[picked, last]
-            head = self.lm.lm_head
-            logits = hidden.float() @ head.weight[yes_no].float().T
-            if head.bias is not None:
-                logits = logits + head.bias[yes_no].float()
-        return logits[:, 0] - logits[:, 1]
-
-    def forward(
-        self,
-        prefix_ids: torch.Tensor,
-        prefix_mask: torch.Tensor,
-        doc_ids: torch.Tensor,
-        doc_lengths: torch.Tensor,
-        doc_group: torch.Tensor,
-    ) -> torch.Tensor:
-        """Differentiable scores for training: several groups, each with its own prefix."""
-        state = self.encode_prefixes(prefix_ids, prefix_mask)
-        return self.score_documents(state, doc_ids, doc_lengths, doc_group)
-
-
 def build_causal_module(
     causal_lm: nn.Module,
     yes_id: int,
     no_id: int,
     device: torch.device | str,
     causal_path: str = "auto",
-) -> tuple[nn.Module, list[str]]:
+) -> tuple[YesNoModule, list[str]]:
     """The scoring module for ``causal_lm`` on ``device`` and why the fast path was not used.
 
     ``causal_path``: ``"auto"`` (fast when every check and the probe pass, else the fallback
@@ -485,3 +321,21 @@ def build_causal_module(
         "; ".join(reasons),
     )
     return HFForwardYesNo(causal_lm, yes_id, no_id).to(device), reasons
+
+
+def load_causal_module(
+    request: LoadRequest, yes_id: int, no_id: int
+) -> tuple[YesNoModule, list[str]]:
+    """The model at ``request.path`` as a scoring module on its device (the path
+    ``request.config.causal_path`` asks for), and why it is not the fast one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        request.path, dtype=request.dtype, attn_implementation="sdpa", revision=request.revision
+    )
+    module, reasons = build_causal_module(
+        model, yes_id, no_id, request.device, request.config.causal_path
+    )
+    if request.config.compile:
+        module.compile_layers()
+    return module, reasons

@@ -4,7 +4,7 @@ The server needs two numbers per request before the model runs: how many tokens 
 may keep (``max_tokens_per_doc`` and the model's room beside the prompt), and how many tokens
 the request will cost (the batch scheduler packs requests by this, admission weighs the work
 queued ahead with it). A :class:`TokenLayout` answers both for any backend (it asks the backend, see
-:mod:`acare_ray.backend`):
+:mod:`acare_ray.scoring.backend`):
 
 - causal LM: the prompt prefix is shared by the request's documents (counted once), each
   document is tokenized as ``" " + doc`` and followed by the suffix;
@@ -26,10 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from acare_ray.context import AgentContext, Mode
-from acare_ray.untrusted import CHARS_PER_TOKEN_BOUND, MIN_PRECUT_CHARS
+from acare_ray.scoring.context import AgentContext, Mode
+from acare_ray.scoring.untrusted import needs_whole, precut
+
+if TYPE_CHECKING:
+    from acare_ray.scoring.scorer import Scorer
 
 # Typical UTF-8 bytes per token of English text for BPE/WordPiece vocabularies.
 BYTES_PER_TOKEN = 4
@@ -55,9 +58,9 @@ class FittedDocuments:
 class TokenLayout:
     """How one backend turns (context, documents) into tokens; see the module docstring."""
 
-    def __init__(self, scorer: Any) -> None:
+    def __init__(self, scorer: Scorer) -> None:
         self._backend = scorer.backend
-        self.backend_name = self._backend.name
+        self.instruction_line = self._backend.instruction_line
         self.tokenizer = self._backend.tokenizer
         self.inert = self._backend.inert
         self.lead = self._backend.document_lead
@@ -93,11 +96,10 @@ class TokenLayout:
         long = [i for i, size in enumerate(sizes) if size > limit]
         if not long:
             return FittedDocuments(texts, kept, original, exact)
-        chars = max(CHARS_PER_TOKEN_BOUND * limit, MIN_PRECUT_CHARS)
-        pieces = {i: documents[i][-chars:] if keep_end else documents[i][:chars] for i in long}
+        pieces = {i: precut(documents[i], limit, keep_end) for i in long}
         for i, (ids, offsets) in zip(long, self._encode([pieces[i] for i in long])):
             doc, piece = documents[i], pieces[i]
-            if len(piece) < len(doc) and len(ids) <= limit:
+            if needs_whole(doc, piece, len(ids), limit):
                 (ids, offsets), piece = self._encode([doc])[0], doc
             exact[i] = True
             original[i] = kept[i] = len(ids)

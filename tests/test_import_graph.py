@@ -1,0 +1,95 @@
+"""The package's imports point down and never come back round (docs/architecture.md, section 1).
+
+Every ``import`` / ``from ... import`` of an ``acare_ray`` module, at module level or inside a
+function, is an edge. ``from package import submodule`` counts as an edge to the submodule only
+(a package is imported before any of its modules anyway).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import acare_ray
+
+PACKAGE = Path(acare_ray.__file__).parent
+# Layers, lowest first: a module may import its own layer and those below.
+LAYERS = [
+    ("acare_ray.scoring",),
+    ("acare_ray.loss", "acare_ray.metrics", "acare_ray.schema", "acare_ray.fusion"),
+    ("acare_ray.sessions", "acare_ray.data"),
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for file in PACKAGE.rglob("*.py"):
+        parts = ("acare_ray", *file.relative_to(PACKAGE).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, file in known.items():
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("acare_ray"):
+                subs = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = {t for t in subs if t in known}
+                if len(targets) < len(subs):
+                    targets.add(node.module)
+            elif isinstance(node, ast.Import):
+                targets = {a.name for a in node.names if a.name.startswith("acare_ray")}
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in known and t != name}
+    return graph
+
+
+def layer(module: str) -> int:
+    for level, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    return len(LAYERS)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in import_graph().items()
+        for target in targets
+        if layer(target) > layer(name)
+    ]
+    assert upward == []
+
+
+def test_the_import_graph_has_no_cycles():
+    graph = import_graph()
+    done: set[str] = set()
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            cycles.append(path[path.index(node) :] + [node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for module in sorted(modules()):
+        visit(module, [])
+    assert cycles == []
+
+
+def test_the_graph_sees_real_imports():
+    """The scan itself: it finds edges the code certainly has (else the tests above are empty)."""
+    graph = import_graph()
+    assert "acare_ray.scoring.scorer" in graph["acare_ray.offline.score"] or (
+        "acare_ray.scoring" in graph["acare_ray.offline.score"]
+    )
+    assert "acare_ray.scoring.causal.load" in graph["acare_ray.scoring.causal.backend"]
+    assert layer("acare_ray.online.service") == len(LAYERS)
