@@ -29,7 +29,8 @@ from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.hotpotqa import hotpotqa_searches
 from acare_ray.loss import lce_loss
 from acare_ray.scoring import DEFAULT_MODEL, FieldDropout, Scorer
-from acare_ray.training.collator import GroupCollator, parse_groups
+from acare_ray.training.collator import GroupCollator
+from acare_ray.training.groups import parse_groups
 from acare_ray.training.loop import build_optimizer, trainable_module
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,7 +1,7 @@
 """Which groups a run trains and validates on, and which groups each worker sees at each step.
 
 One optimizer step consumes ``batch_groups x grad_accum x workers`` groups (the global batch),
-taken in order from the epoch's permutation (:func:`~acare_ray.training.collator.epoch_order`);
+taken in order from the epoch's permutation (:func:`~acare_ray.training.groups.epoch_order`);
 worker ``r`` takes the ``r``-th slice, cut into ``grad_accum`` micro-batches. Everything here is
 a function of the config and the step, which is what lets a relaunch resume mid-epoch with the
 same data.
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from acare_ray.schema import Group
-from acare_ray.training.collator import epoch_order, parse_groups, read_groups, split_by_session
 from acare_ray.training.config import TrainConfig
+from acare_ray.training.groups import epoch_order, parse_groups, read_groups, split_by_session
 
 
 def load_splits(config: TrainConfig) -> tuple[list[Group], list[Group], tuple[int, ...]]:

@@ -208,8 +208,8 @@ def test_relabel_job_writes_one_row_per_search_and_groups_from_the_labeler(
     for index, group in enumerate(groups.to_pylist()):
         parse_group(group, index)
     # `acare train --data <relabel output>` reads the same ok rows (the chain relabel -> train).
-    from acare_ray.training.collator import parse_groups
-    from acare_ray.training.collator import read_groups as read_training_groups
+    from acare_ray.training.groups import parse_groups
+    from acare_ray.training.groups import read_groups as read_training_groups
 
     trained_on = parse_groups(read_training_groups(out), 8)
     assert sorted(g.group_id for g in trained_on) == sorted(

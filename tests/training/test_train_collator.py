@@ -15,13 +15,8 @@ from acare_ray.data.synthetic import synthetic_groups
 from acare_ray.schema import TRAINING_GROUPS, Candidate, Group, RowError
 from acare_ray.scoring import AgentContext, FieldDropout, Mode
 from acare_ray.scoring.cross_encoder import PairScorer
-from acare_ray.training.collator import (
-    GroupCollator,
-    epoch_order,
-    parse_groups,
-    read_groups,
-    split_by_session,
-)
+from acare_ray.training.collator import GroupCollator
+from acare_ray.training.groups import epoch_order, parse_groups, read_groups, split_by_session
 
 
 def _groups(n: int) -> list[Group]:
@@ -156,7 +151,7 @@ def test_relabel_output_trains_on_its_ok_rows(tmp_path, caplog):
     rows = [{name: row.get(name) for name in RELABEL_OUTPUT.names} for row in rows]
     folder = tmp_path / "relabeled"
     write_parquet(pa.Table.from_pylist(rows, schema=RELABEL_OUTPUT), folder / "part-0.parquet")
-    with caplog.at_level("INFO", logger="acare_ray.training.collator"):
+    with caplog.at_level("INFO", logger="acare_ray.training.groups"):
         table = read_groups(folder)
     assert table.column_names == TRAINING_GROUPS.names
     parsed = parse_groups(table, 8)

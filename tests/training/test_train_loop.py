@@ -8,7 +8,8 @@ import torch
 from acare_ray.data.synthetic import synthetic_groups
 from acare_ray.loss import lce_loss
 from acare_ray.scoring import FieldDropout, Scorer
-from acare_ray.training.collator import GroupCollator, parse_groups
+from acare_ray.training.collator import GroupCollator
+from acare_ray.training.groups import parse_groups
 from acare_ray.training.loop import (
     build_optimizer,
     train_step,
