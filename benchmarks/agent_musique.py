@@ -22,7 +22,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from quality_musique import split_questions  # noqa: E402
+
+from acare_ray.testing import free_port  # noqa: E402
 
 SUMMARY_KEYS = (
     "tasks",
@@ -60,12 +61,6 @@ def held_out_ids(n_test: int, seed: int) -> list[str]:
 def relative(text: str) -> str:
     """``text`` with this checkout's absolute paths made relative to it (results are shared)."""
     return text.replace(sys.executable + " ", "python ").replace(str(ROOT) + "/", "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def acare(*args: str) -> list[str]:

@@ -24,7 +24,6 @@ import copy
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 import httpx
 
 from acare_ray.scorer import DEFAULT_MODEL
+from acare_ray.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "acare"
@@ -46,12 +46,6 @@ PROBE = {
     "mode": "M0",
 }
 TARGET_SPEEDUP = 1.6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def relative(text: str) -> str:

@@ -41,12 +41,13 @@ from bench_autoscale import (  # noqa: E402
     agent_bench_command,
     deploy,
     fixed_replicas,
-    free_port,
     public,
     replica_states,
     resolved_config,
     run_agent_bench,
 )
+
+from acare_ray.testing import free_port  # noqa: E402
 
 
 def with_model(config: dict[str, Any], model: str) -> dict[str, Any]:
