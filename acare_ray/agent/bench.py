@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from acare_ray.agent.rerankers import (
+    AgentReranker,
     EndpointReranker,
     FirstStage,
     OracleReranker,
-    Reranker,
     ScorerReranker,
     fusion_setting,
 )
@@ -41,7 +41,7 @@ from acare_ray.agent.tasks import (
     select_records,
     write_corpus,
 )
-from acare_ray.fusion import FusionConfig, resolve
+from acare_ray.fusion import FusionConfig, resolve_fusion
 from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
 RERANKERS = ("none", "oracle", "model", "endpoint")
@@ -137,9 +137,9 @@ class AgentBenchConfig:
         return out
 
 
-def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker]:
+def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[AgentReranker]:
     """The compared systems, baseline first."""
-    systems: list[Reranker] = []
+    systems: list[AgentReranker] = []
     if config.reranker == "none" or config.baseline:
         systems.append(FirstStage())
     if config.reranker == "oracle":
@@ -203,7 +203,7 @@ def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
     for setting in config.fusion:
         if setting.strip() == "auto" and fitted is None:
             raise ValueError(f"--fusion auto: {config.model} has no fitted fusion (acare.json)")
-        fusion = resolve(setting, fitted)
+        fusion = resolve_fusion(setting, fitted)
         if fusion.enabled and fusion not in out:
             out.append(fusion)
     return out

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from acare_ray.agent.rerankers import Reranker, RerankRequest, check_order, rerank_counted
+from acare_ray.agent.rerankers import AgentReranker, RerankRequest, check_order, rerank_counted
 from acare_ray.agent.tasks import Corpus, Task
 from acare_ray.data.musique import resolve_step, synthetic_reasoning
 
@@ -149,7 +149,7 @@ def agent_reasoning(task: Task, k: int, answers: Sequence[str], failed: Sequence
 
 
 def client_search(
-    reranker: Reranker,
+    reranker: AgentReranker,
     task: Task,
     k: int,
     attempt: int,
@@ -265,7 +265,7 @@ def server_search(
 def run_task(
     task: Task,
     corpus: Corpus,
-    reranker: Reranker,
+    reranker: AgentReranker,
     budget: int = 3,
     depth: int = 10,
     first_stage_k: int = 100,
@@ -366,7 +366,7 @@ def progress_printer(name: str, total: int, every: int) -> Callable[[int, int, i
 def run_sessions(
     tasks: Sequence[Task],
     corpus: Corpus,
-    reranker: Reranker,
+    reranker: AgentReranker,
     *,
     agents: int = 1,
     budget: int = 3,

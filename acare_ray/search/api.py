@@ -25,7 +25,7 @@ import numpy as np
 from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from acare_ray.fusion import Fused, FusionConfig, fuse, resolve
+from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
 from acare_ray.online.api import AgentFields, relevance
 from acare_ray.online.first_stage import FusionSetting
 from acare_ray.online.service import ClientError, ScoringJob, Search
@@ -279,7 +279,7 @@ def search_routes(
                 response,
             )
             rerank_ms = (time.perf_counter() - started) * 1000
-            fusion = resolve(body.fusion, fitted_fusion)
+            fusion = resolve_fusion(body.fusion, fitted_fusion)
             fused = fuse_with_first_stage(candidates, scores, fusion)
             response.headers["x-acare-fusion"] = fusion.label
             doc_ids = [c.doc_id for c in candidates]
