@@ -159,7 +159,8 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     from acare_ray.online.http import Scored, client_of, create_api
     from acare_ray.online.service import RerankService
     from acare_ray.scorer import Scorer
-    from acare_ray.search.api import LocalSessions, SearchSettings, search_routes
+    from acare_ray.search.api import SearchSettings, search_routes
+    from acare_ray.search.sessions import LocalSessions
     from acare_ray.training.checkpoint import read_fusion
 
     fitted = read_fusion(model)

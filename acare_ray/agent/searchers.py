@@ -66,6 +66,22 @@ class SessionHits:
     session_s: float | None
     candidates: int | None
 
+    @classmethod
+    def parse(
+        cls, results: list[dict[str, Any]], tokens: int | None, timings: dict[str, Any]
+    ) -> SessionHits:
+        """From a server's ``results``, its ``tokens`` count and its ``timings`` (the phase
+        times in milliseconds under ``*_ms`` keys, and ``candidates``), as both the HTTP
+        usage block and the MCP tool's structured answer carry them."""
+        return cls(
+            hits=_hits(results),
+            tokens=int(tokens or 0),
+            first_stage_s=_seconds(timings, "first_stage_ms"),
+            rerank_s=_seconds(timings, "rerank_ms"),
+            session_s=_seconds(timings, "session_ms"),
+            candidates=timings.get("candidates"),
+        )
+
 
 class SessionSearcher(Protocol):
     name: str
@@ -153,14 +169,7 @@ class SearchEndpoint:
         except AcareError as err:
             raise EndpointError(str(err)) from err
         usage = answer.get("usage") or {}
-        return SessionHits(
-            hits=_hits(answer["results"]),
-            tokens=int(usage.get("input_tokens") or 0),
-            first_stage_s=_seconds(usage, "first_stage_ms"),
-            rerank_s=_seconds(usage, "rerank_ms"),
-            session_s=_seconds(usage, "session_ms"),
-            candidates=usage.get("candidates"),
-        )
+        return SessionHits.parse(answer["results"], usage.get("input_tokens"), usage)
 
     def end_session(self, session_id: str) -> None:
         from acare_ray.client import AcareError
@@ -243,15 +252,7 @@ class McpSearch:
         if result.is_error or result.structured_content is None:
             raise EndpointError(f"MCP search tool failed: {result.content}")
         out = result.structured_content
-        timings = out.get("timings") or {}
-        return SessionHits(
-            hits=_hits(out["results"]),
-            tokens=int(out.get("tokens") or 0),
-            first_stage_s=_seconds(timings, "first_stage_ms"),
-            rerank_s=_seconds(timings, "rerank_ms"),
-            session_s=_seconds(timings, "session_ms"),
-            candidates=timings.get("candidates"),
-        )
+        return SessionHits.parse(out["results"], out.get("tokens"), out.get("timings") or {})
 
     def end_session(self, session_id: str) -> None:
         """Nothing to do: the tool set has no forget; the server's TTL frees the session."""

@@ -30,7 +30,7 @@ from acare_ray.online.api import AgentFields, relevance
 from acare_ray.online.first_stage import FusionSetting
 from acare_ray.online.service import ClientError, ScoringJob, Search
 from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
-from acare_ray.search.sessions import SessionLimits, SessionMemory
+from acare_ray.search.sessions import SessionLimits
 
 RunFn = Callable[[Search, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int]]]
 MAX_SESSION_ID = 256
@@ -88,22 +88,6 @@ class Sessions(Protocol):
     async def remember(self, client: str, session_id: str, doc_ids: list[str]) -> None: ...
 
     async def forget(self, client: str, session_id: str) -> bool: ...
-
-
-class LocalSessions:
-    """A :class:`SessionMemory` in this process (one replica, or tests)."""
-
-    def __init__(self, memory: SessionMemory | None = None) -> None:
-        self.memory = memory or SessionMemory()
-
-    async def seen(self, client: str, session_id: str) -> list[str]:
-        return self.memory.seen(client, session_id)
-
-    async def remember(self, client: str, session_id: str, doc_ids: list[str]) -> None:
-        self.memory.remember(client, session_id, doc_ids)
-
-    async def forget(self, client: str, session_id: str) -> bool:
-        return self.memory.forget(client, session_id)
 
 
 class HandleSessions:
