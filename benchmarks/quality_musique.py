@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from report import dump_json
+from report import dump_json, git_commit
 
 from acare_ray.context import Mode
 from acare_ray.data.groups import searches_to_groups
@@ -187,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from acare_ray.training.trainer import start_local_ray
 
     started = time.perf_counter()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    commit = git_commit()
     work = Path(args.work_dir)
     train_searches, test_searches = split_questions(
         musique_searches("distractor"), args.test_questions, args.seed

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from report import dump_json
+from report import dump_json, git_commit
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet
 from acare_ray.data.traces import import_traces
@@ -423,9 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     from acare_ray.training.trainer import start_local_ray
 
     started = time.perf_counter()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    commit = git_commit()
     work = Path(args.work_dir)
     searches_path = work / "searches.parquet"
     traces = Path(args.traces)
