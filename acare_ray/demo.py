@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
+from acare_ray.flags import config_from_flags
 from acare_ray.scorer import DEFAULT_MODEL
 
 
@@ -123,11 +124,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--baseline", action="store_true", help="also evaluate the untrained backbone"
     )
-    parser.set_defaults(func=lambda args: run(_config_of(args)))
-
-
-def _config_of(args: argparse.Namespace) -> DemoConfig:
-    """The :class:`DemoConfig` of the flags given (the fields without a flag keep defaults)."""
-    return DemoConfig(
-        **{f.name: getattr(args, f.name) for f in fields(DemoConfig) if f.name in args}
-    )
+    parser.set_defaults(func=lambda args: run(config_from_flags(DemoConfig, args)))

@@ -2,7 +2,7 @@
 ``search`` tool), and the server's session memory, not the bench, keeps the agent from being
 shown a document twice.
 
-A :class:`SessionSearcher` gets the search as the agent would send it (:class:`SessionSearch`:
+A :class:`SessionSearcher` gets the search as the agent would send it (:class:`ServerSearch`:
 session id, sub-query, original question, reasoning) and returns the server's answer
 (:class:`SessionHits`): every hit in the served order with the server's ``seen`` flag, the
 tokens the reranker scored and the server's time per phase (first stage, rerank, session store;
@@ -29,19 +29,20 @@ import os
 import shlex
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from acare_ray.agent.rerankers import EndpointError, fusion_setting
 
 
 @dataclass(frozen=True)
-class SessionSearch:
-    """One agent search as it goes to the server."""
+class ServerSearch:
+    """One agent search as it goes to the server (the fields of a ``/v1/search`` body that the
+    agent sets; not :class:`acare_ray.sessions.SessionSearch`, a replayed search's labels)."""
 
     session_id: str
     query: str
-    question: str
+    original_question: str
     reasoning: str
     top_k: int
     first_stage_k: int
@@ -91,7 +92,7 @@ class SessionSearcher(Protocol):
         """A session id for ``task_id``, unique to this system's run."""
         ...
 
-    def search(self, request: SessionSearch) -> SessionHits: ...
+    def search(self, request: ServerSearch) -> SessionHits: ...
 
     def end_session(self, session_id: str) -> None:
         """The task is over (free the server's memory of it where the interface allows)."""
@@ -147,21 +148,12 @@ class SearchEndpoint:
     def session_id(self, task_id: str) -> str:
         return f"agent-bench-{self.run_id}-{task_id}"
 
-    def body(self, request: SessionSearch) -> dict[str, Any]:
+    def body(self, request: ServerSearch) -> dict[str, Any]:
         from acare_ray.client import search_body
 
-        return search_body(
-            request.query,
-            original_question=request.question,
-            reasoning=request.reasoning,
-            session_id=request.session_id,
-            top_k=request.top_k,
-            mode=self.mode,
-            first_stage_k=request.first_stage_k,
-            fusion=self.fusion or "none",
-        )
+        return search_body(**asdict(request), mode=self.mode, fusion=self.fusion or "none")
 
-    def search(self, request: SessionSearch) -> SessionHits:
+    def search(self, request: ServerSearch) -> SessionHits:
         from acare_ray.client import AcareError
 
         try:
@@ -240,10 +232,10 @@ class McpSearch:
     def session_id(self, task_id: str) -> str:
         return f"agent-bench-{self.run_id}-{task_id}"
 
-    def search(self, request: SessionSearch) -> SessionHits:
+    def search(self, request: ServerSearch) -> SessionHits:
         arguments = {
             "query": request.query,
-            "question": request.question,
+            "question": request.original_question,
             "reasoning": request.reasoning,
             "session_id": request.session_id,
             "top_k": request.top_k,

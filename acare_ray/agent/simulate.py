@@ -235,7 +235,7 @@ def server_search(
     candidates; anything else is a ValueError naming the task, the search and the document (a
     served index that is not this run's corpus, or a session memory that lost or mixed up
     sessions)."""
-    from acare_ray.agent.searchers import SessionSearch
+    from acare_ray.agent.searchers import ServerSearch
 
     corpus, depth, first_stage_k = setting.corpus, setting.depth, setting.first_stage_k
     where = (
@@ -243,7 +243,7 @@ def server_search(
     )
     start = time.perf_counter()
     answer = server.search(
-        SessionSearch(
+        ServerSearch(
             session_id, search.query, search.task.question, search.reasoning, depth, first_stage_k
         )
     )

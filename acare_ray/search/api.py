@@ -19,6 +19,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -255,28 +256,19 @@ def _rerank_request(body: SearchRequest, candidates: Sequence[Candidate]) -> Sea
     )
 
 
+@dataclass(frozen=True)
 class SearchRoutes:
     """The search and session routes, added to an app by calling this with the app and the
     ``run`` that :func:`acare_ray.online.http.create_api` hands it."""
 
-    def __init__(
-        self,
-        first_stage: FirstStage,
-        sessions: Sessions,
-        settings: SearchSettings,
-        *,
-        max_documents: int,
-        client_of: Callable[[Request], str],
-        replica: str | None = None,
-        fitted_fusion: FusionConfig | None = None,
-    ) -> None:
-        self.first_stage = first_stage
-        self.sessions = sessions
-        self.settings = settings
-        self.max_documents = max_documents
-        self.client_of = client_of
-        self.replica = replica
-        self.fitted_fusion = fitted_fusion
+    first_stage: FirstStage
+    sessions: Sessions
+    settings: SearchSettings
+    _: KW_ONLY
+    max_documents: int
+    client_of: Callable[[Request], str]
+    replica: str | None = None
+    fitted_fusion: FusionConfig | None = None
 
     def sizes(self, body: SearchRequest) -> tuple[int, int]:
         """``(top_k, first_stage_k)`` of a request, its defaults filled in; ClientError when
