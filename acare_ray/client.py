@@ -189,14 +189,19 @@ def _message(response: httpx.Response) -> str:
 
 
 class _Base:
+    """What the sync and async clients share: settings, counters and the retry policy; each
+    opens its own httpx client over ``transport`` (a test's mock, else the network)."""
+
     def __init__(
         self,
         base_url: str,
-        api_key: str | None,
-        timeout_s: float,
-        retries: int,
-        retry_budget_s: float,
-        connect_retry_wait_s: float,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 5,
+        retry_budget_s: float = 600.0,
+        connect_retry_wait_s: float = 1.0,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retries = retries
@@ -207,6 +212,10 @@ class _Base:
         self._count = threading.Lock()
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(timeout_s)
+        self.http = self._open(transport)
+
+    def _open(self, transport: Any) -> Any:
+        raise NotImplementedError
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"
@@ -234,10 +243,6 @@ class _Base:
             )
         return None
 
-    def _transport_failed(self, failures: int, url: str, err: Exception) -> None:
-        if failures > self.retries:
-            raise AcareError(0, f"{url}: {err}") from err
-
     def _server_failed(self, response: httpx.Response, idempotent: bool) -> bool:
         """Whether to send a call answered ``response`` again: a 500/502 to a call safe to
         repeat (counted in ``server_errors``)."""
@@ -247,25 +252,49 @@ class _Base:
             self.server_errors += 1
         return True
 
+    def _call(self, path: str, idempotent: bool) -> _Call:
+        return _Call(self, self._url(path), idempotent, time.monotonic() + self.retry_budget_s)
+
+
+class _Call:
+    """The retry policy of one call (see the module docstring), apart from its transport: after
+    each attempt it says how long to wait before the next one (None: the answer is final)."""
+
+    def __init__(self, client: _Base, url: str, idempotent: bool, deadline: float) -> None:
+        self.client = client
+        self.url = url
+        self.idempotent = idempotent
+        self.deadline = deadline
+        self.failures = 0
+
+    def after_error(self, err: httpx.TransportError) -> float:
+        """The wait after a connection error; AcareError once ``retries`` are spent."""
+        self.failures += 1
+        if self.failures > self.client.retries:
+            raise AcareError(0, f"{self.url}: {err}") from err
+        return self.client.connect_retry_wait_s
+
+    def after(self, response: httpx.Response) -> float | None:
+        """The wait before sending again after ``response``, or None when it is the answer
+        (AcareError when it is a final error)."""
+        client = self.client
+        if self.failures < client.retries and client._server_failed(response, self.idempotent):
+            self.failures += 1
+            return client.connect_retry_wait_s
+        return client._after(response, self.deadline, self.url)
+
+
+def _decoded(response: httpx.Response) -> Any:
+    return response.json() if response.content else None
+
 
 class AcareClient(_Base):
     """Blocking client; one instance may be shared by threads. See the module docstring."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeout_s: float = 120.0,
-        retries: int = 5,
-        retry_budget_s: float = 600.0,
-        connect_retry_wait_s: float = 1.0,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(
-            base_url, api_key, timeout_s, retries, retry_budget_s, connect_retry_wait_s
-        )
-        self.http = httpx.Client(timeout=self._timeout, headers=self._headers, transport=transport)
+    http: httpx.Client
+
+    def _open(self, transport: httpx.BaseTransport | None) -> httpx.Client:
+        return httpx.Client(timeout=self._timeout, headers=self._headers, transport=transport)
 
     def request(
         self,
@@ -277,24 +306,15 @@ class AcareClient(_Base):
     ) -> Any:
         """One call with the retry policy; the decoded JSON answer (None for an empty body).
         ``idempotent``: the call is safe to repeat, so a 500/502 answer is retried too."""
-        url = self._url(path)
-        deadline = time.monotonic() + self.retry_budget_s
-        failures = 0
+        call = self._call(path, idempotent)
         while True:
             try:
-                response = self.http.request(method, url, json=body)
+                response = self.http.request(method, call.url, json=body)
             except httpx.TransportError as err:
-                failures += 1
-                self._transport_failed(failures, url, err)
-                time.sleep(self.connect_retry_wait_s)
+                time.sleep(call.after_error(err))
                 continue
-            if failures < self.retries and self._server_failed(response, idempotent):
-                failures += 1
-                time.sleep(self.connect_retry_wait_s)
-                continue
-            wait = self._after(response, deadline, url)
-            if wait is None:
-                return response.json() if response.content else None
+            if (wait := call.after(response)) is None:
+                return _decoded(response)
             time.sleep(wait)
 
     def rerank(self, query: str, documents: Sequence[str | dict[str, Any]], **fields) -> Reranked:
@@ -327,23 +347,10 @@ class AcareClient(_Base):
 class AsyncAcareClient(_Base):
     """The asyncio twin of :class:`AcareClient` (same methods, awaited)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeout_s: float = 120.0,
-        retries: int = 5,
-        retry_budget_s: float = 600.0,
-        connect_retry_wait_s: float = 1.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(
-            base_url, api_key, timeout_s, retries, retry_budget_s, connect_retry_wait_s
-        )
-        self.http = httpx.AsyncClient(
-            timeout=self._timeout, headers=self._headers, transport=transport
-        )
+    http: httpx.AsyncClient
+
+    def _open(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self._timeout, headers=self._headers, transport=transport)
 
     async def request(
         self,
@@ -353,24 +360,15 @@ class AsyncAcareClient(_Base):
         *,
         idempotent: bool = False,
     ) -> Any:
-        url = self._url(path)
-        deadline = time.monotonic() + self.retry_budget_s
-        failures = 0
+        call = self._call(path, idempotent)
         while True:
             try:
-                response = await self.http.request(method, url, json=body)
+                response = await self.http.request(method, call.url, json=body)
             except httpx.TransportError as err:
-                failures += 1
-                self._transport_failed(failures, url, err)
-                await asyncio.sleep(self.connect_retry_wait_s)
+                await asyncio.sleep(call.after_error(err))
                 continue
-            if failures < self.retries and self._server_failed(response, idempotent):
-                failures += 1
-                await asyncio.sleep(self.connect_retry_wait_s)
-                continue
-            wait = self._after(response, deadline, url)
-            if wait is None:
-                return response.json() if response.content else None
+            if (wait := call.after(response)) is None:
+                return _decoded(response)
             await asyncio.sleep(wait)
 
     async def rerank(

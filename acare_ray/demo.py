@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from acare_ray.flags import config_from_flags
 from acare_ray.scoring import DEFAULT_MODEL
 
 
@@ -123,16 +124,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--baseline", action="store_true", help="also evaluate the untrained backbone"
     )
-    parser.set_defaults(
-        func=lambda args: run(
-            DemoConfig(
-                output=args.output,
-                model=args.model,
-                train_sessions=args.train_sessions,
-                eval_sessions=args.eval_sessions,
-                steps=args.steps,
-                lr=args.lr,
-                baseline=args.baseline,
-            )
-        )
-    )
+    parser.set_defaults(func=lambda args: run(config_from_flags(DemoConfig, args)))

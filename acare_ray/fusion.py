@@ -269,7 +269,7 @@ def grid(
     return out
 
 
-def resolve(setting: str | FusionConfig | None, fitted: FusionConfig | None) -> FusionConfig:
+def resolve_fusion(setting: str | FusionConfig | None, fitted: FusionConfig | None) -> FusionConfig:
     """The fusion a surface uses: ``setting`` when given (text form or config), else (None or
     ``"auto"``) the checkpoint's ``fitted`` setting, else ``none``."""
     if isinstance(setting, FusionConfig):

@@ -104,17 +104,7 @@ def build_server(client: Any, name: str = "acare") -> Any:
             top_k=top_k,
         )
         return SearchOut(
-            results=[
-                SearchHitOut(
-                    doc_id=h.doc_id,
-                    title=h.title,
-                    text=h.text,
-                    relevance_score=h.relevance_score,
-                    first_stage_rank=h.first_stage_rank,
-                    seen=h.seen,
-                )
-                for h in found.hits
-            ],
+            results=[SearchHitOut.model_validate(h, from_attributes=True) for h in found.hits],
             mode=found.mode,
             tokens=int(found.usage.get("input_tokens", 0)),
             timings=SearchTimings(**{k: found.usage.get(k) for k in SearchTimings.model_fields}),
@@ -159,7 +149,8 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     from acare_ray.online.http import Scored, client_of, create_api
     from acare_ray.online.service import RerankService
     from acare_ray.scoring import Scorer
-    from acare_ray.search.api import LocalSessions, SearchSettings, search_routes
+    from acare_ray.search.api import SearchSettings, search_routes
+    from acare_ray.search.sessions import LocalSessions
     from acare_ray.training.checkpoint import read_fusion
 
     fitted = read_fusion(model)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 
@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from quality_musique import split_questions  # noqa: E402
+from report import commands_block, git_commit, machine_line  # noqa: E402
+
+from acare_ray.testing import free_port  # noqa: E402
 
 SUMMARY_KEYS = (
     "tasks",
@@ -60,12 +63,6 @@ def held_out_ids(n_test: int, seed: int) -> list[str]:
 def relative(text: str) -> str:
     """``text`` with this checkout's absolute paths made relative to it (results are shared)."""
     return text.replace(sys.executable + " ", "python ").replace(str(ROOT) + "/", "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def acare(*args: str) -> list[str]:
@@ -187,18 +184,12 @@ def write_markdown(result: dict, path: Path) -> None:
         "same model in-process on the same task list (the row above them). They agree on "
         + ", ".join(f"{k}: {v}" for k, v in result["served_agreement"].items())
         + " (tasks with identical outcomes / all).",
-        "",
-        "Commands:",
-        "",
-        "```bash",
-        *result["commands"],
-        "```",
-        "",
+        *commands_block(result["commands"]),
     ]
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="quality_musique.py's checkpoint")
     parser.add_argument("--test-questions", type=int, default=100)
@@ -218,24 +209,87 @@ def main() -> None:
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "agent_musique"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="agent-musique-cpu-minilm")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+@dataclass
+class Stages:
+    """What the stages of a run share: its folder and log, the agent-bench flags every stage
+    passes, and the commands recorded so far (for the results file)."""
+
+    work: Path
+    log: TextIO
+    common: list[str]
+    commands: list[str] = field(default_factory=list)
+
+    def run(self, name: str, *flags: str, url: str | None = None) -> dict:
+        """Stage ``name``: ``acare agent-bench`` with the common and these ``flags``; its
+        report. The command is recorded with ``url`` (a served stage's) written ``$URL``."""
+        command = acare(*self.common, *flags)
+        recorded = "acare " + " ".join(command[3:])
+        self.commands.append(recorded.replace(url, "$URL") if url else recorded)
+        return run_stage(name, command, self.work, self.log)
+
+
+def _outcome(task: dict) -> dict:
+    """A task's record without its timings."""
+    return {k: v for k, v in task.items() if k not in ("rerank_s", "tokens")}
+
+
+def served_stages(
+    stages: Stages, args: argparse.Namespace, checkpoint: str, ids_path: Path, reference: dict
+) -> tuple[list[dict], dict[str, str]]:
+    """The served runs at each ``--agents`` level: their rows, and per system and level how
+    many tasks had the same outcome as in ``reference`` (in-process, same task list)."""
+    rows, agreement = [], {}
+    levels = [int(a) for a in args.agents.split(",") if a]
+    pending = [n for n in levels if not (stages.work / f"served-{n}" / "agent_bench.json").exists()]
+    server = Server(checkpoint, stages.work, stages.log) if pending else None
+    url = server.base if server else "http://127.0.0.1:8000"
+    try:
+        for n in levels:
+            served = stages.run(
+                f"served-{n}",
+                "--task-ids",
+                str(ids_path),
+                "--endpoint",
+                url,
+                "--modes",
+                args.served_modes,
+                "--agents",
+                str(n),
+                "--no-baseline",
+                url=url,
+            )
+            for name, s in served["systems"].items():
+                rows.append(summary_row(name, "acare serve", n, s))
+                local_tasks = {t["task_id"]: _outcome(t) for t in reference["tasks"][name]}
+                same = sum(local_tasks[t["task_id"]] == _outcome(t) for t in served["tasks"][name])
+                agreement[f"{name} at {n} agents"] = f"{same}/{len(served['tasks'][name])}"
+    finally:
+        if server is not None:
+            server.stop()
+    return rows, agreement
+
+
+def main() -> None:
+    args = parse_args()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     checkpoint = str(Path(args.checkpoint).resolve())
     ids = held_out_ids(args.test_questions, args.seed)
     ids_path = work / "heldout_ids.txt"
     ids_path.write_text("\n".join(ids) + "\n", encoding="utf-8")
-    common = ["agent-bench", "--seed", str(args.seed), "--depth", str(args.depth)]
     served_ids_path = ids_path
     if args.served_tasks is not None:
         served_ids_path = work / "served_ids.txt"
         served_ids_path.write_text("\n".join(ids[: args.served_tasks]) + "\n", encoding="utf-8")
     log = (work / "agent_musique.log").open("a")
-    commands = []
+    common = ["agent-bench", "--seed", str(args.seed), "--depth", str(args.depth)]
+    stages = Stages(work, log, common)
 
-    local_cmd = acare(
-        *common,
+    local = stages.run(
+        "inprocess",
         "--task-ids",
         str(ids_path),
         "--model",
@@ -245,18 +299,17 @@ def main() -> None:
         "--device",
         "cpu",
     )
-    commands.append("acare " + " ".join(local_cmd[3:]))
-    commands.append(f"acare serve --model {checkpoint} --port $PORT --address local  # then:")
-    local = run_stage("inprocess", local_cmd, work, log)
+    stages.commands.append(
+        f"acare serve --model {checkpoint} --port $PORT --address local  # then:"
+    )
     rows = [summary_row(name, "in-process", 1, s) for name, s in local["systems"].items()]
-    agreement = {}
     # The served stages are compared with the same model in-process on the same task list: the
     # pooled corpus lists the run's tasks first, and that order breaks BM25 ties, so a task's
     # searches can differ between task lists.
     reference = local
     if args.served_tasks is not None:
-        ref_cmd = acare(
-            *common,
+        reference = stages.run(
+            "inprocess-served-tasks",
             "--task-ids",
             str(served_ids_path),
             "--model",
@@ -267,44 +320,9 @@ def main() -> None:
             "cpu",
             "--no-baseline",
         )
-        commands.append("acare " + " ".join(ref_cmd[3:]))
-        reference = run_stage("inprocess-served-tasks", ref_cmd, work, log)
         rows += [summary_row(name, "in-process", 1, s) for name, s in reference["systems"].items()]
-    levels = [int(a) for a in args.agents.split(",") if a]
-    pending = [n for n in levels if not (work / f"served-{n}" / "agent_bench.json").exists()]
-    server = Server(checkpoint, work, log) if pending else None
-    try:
-        for n in levels:
-            cmd = acare(
-                *common,
-                "--task-ids",
-                str(served_ids_path),
-                "--endpoint",
-                server.base if server else "http://127.0.0.1:8000",
-                "--modes",
-                args.served_modes,
-                "--agents",
-                str(n),
-                "--no-baseline",
-            )
-            url = server.base if server else "http://127.0.0.1:8000"
-            commands.append("acare " + " ".join(cmd[3:]).replace(url, "$URL"))
-            served = run_stage(f"served-{n}", cmd, work, log)
-            for name, s in served["systems"].items():
-                rows.append(summary_row(name, "acare serve", n, s))
-                local_tasks = {
-                    t["task_id"]: {k: v for k, v in t.items() if k not in ("rerank_s", "tokens")}
-                    for t in reference["tasks"][name]
-                }
-                same = sum(
-                    local_tasks[t["task_id"]]
-                    == {k: v for k, v in t.items() if k not in ("rerank_s", "tokens")}
-                    for t in served["tasks"][name]
-                )
-                agreement[f"{name} at {n} agents"] = f"{same}/{len(served['tasks'][name])}"
-    finally:
-        if server is not None:
-            server.stop()
+    served_rows, agreement = served_stages(stages, args, checkpoint, served_ids_path, reference)
+    rows += served_rows
     log.close()
 
     result = {
@@ -316,14 +334,12 @@ def main() -> None:
         "corpus_size": local["corpus_size"],
         "task_ids": ids,
         "served_tasks": args.served_tasks or len(ids),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "git_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "machine": machine_line(),
+        "git_commit": git_commit(),
         "rows": rows,
         "tests": local["tests"],
         "served_agreement": agreement,
-        "commands": [relative(c) for c in commands],
+        "commands": [relative(c) for c in stages.commands],
     }
     out = Path(args.out)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")

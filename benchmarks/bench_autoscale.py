@@ -23,18 +23,20 @@ import argparse
 import copy
 import json
 import os
-import platform
-import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
+from report import commands_block, git_commit, machine_line
 
 from acare_ray.scoring import DEFAULT_MODEL
+from acare_ray.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "acare"
@@ -46,12 +48,6 @@ PROBE = {
     "mode": "M0",
 }
 TARGET_SPEEDUP = 1.6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def relative(text: str) -> str:
@@ -327,16 +323,24 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
     }
 
 
-def phase_row(name: str, report: dict[str, Any], monitor: Monitor) -> dict[str, Any]:
+def agent_bench_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The first system of an agent-bench report: its name, load and latency figures."""
     (system, summary), *_ = report["systems"].items()
     return {
-        "phase": name,
         "system": system,
         "tasks": summary["tasks"],
         "searches": summary["searches"],
         "searches_per_s": summary["searches_per_s"],
         "latency_ms": summary["latency_ms"],
         "refused_retried": summary.get("refused_retried", 0),
+    }
+
+
+def phase_row(name: str, report: dict[str, Any], monitor: Monitor) -> dict[str, Any]:
+    (_, summary), *_ = report["systems"].items()
+    return {
+        "phase": name,
+        **agent_bench_summary(report),
         "wall_s": summary["wall_s"],
         "marks": dict(monitor.marks),
         "scaling": scaling_summary(monitor.samples, monitor.marks),
@@ -375,6 +379,17 @@ def run_phase(
     return phase_row(name, report, monitor)
 
 
+def plot_probes(ax: Any, samples: list[dict[str, Any]], style: str, color: str, label: str) -> None:
+    """The probes' latency in seconds against time (a probe without one at 0)."""
+    ax.plot(
+        [s["t"] for s in samples],
+        [s.get("probe_ms", 0) / 1000 for s in samples],
+        style,
+        color=color,
+        label=label,
+    )
+
+
 def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -392,21 +407,9 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
             label=row["phase"],
         )
         probes = [s for s in row["timeline"] if s.get("probe_status") == 200]
-        bottom.plot(
-            [s["t"] for s in probes],
-            [s["probe_ms"] / 1000 for s in probes],
-            ".-",
-            color=color,
-            label=f"{row['phase']} (200)",
-        )
+        plot_probes(bottom, probes, ".-", color, f"{row['phase']} (200)")
         refused = [s for s in row["timeline"] if s.get("probe_status") in (429, 503)]
-        bottom.plot(
-            [s["t"] for s in refused],
-            [s["probe_ms"] / 1000 for s in refused],
-            "x",
-            color=color,
-            label=f"{row['phase']} (refused)",
-        )
+        plot_probes(bottom, refused, "x", color, f"{row['phase']} (refused)")
         if "load_end" in row["marks"]:
             top.axvline(row["marks"]["load_end"], color=color, ls=":", lw=1)
     top.set_ylabel("replicas RUNNING")
@@ -459,33 +462,81 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "being added; 'start s': from then until it ran. 'first refusal': the first admission "
         "refusal of the agents' requests counted by a replica's `/v1/status` (the probes' own "
         "refusals left out).",
-        "",
-        "Commands:",
-        "",
-        "```bash",
-        *result["commands"],
-        "```",
-        "",
+        *commands_block(result["commands"]),
     ]
     path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def add_load_flags(parser: argparse.ArgumentParser, tasks_help: str | None = None) -> None:
+    """The flags of the agent load and the local cluster both cluster benchmarks run."""
+    parser.add_argument("--tasks", type=int, default=16, help=tasks_help)
+    parser.add_argument("--agents", type=int, default=16)
+    parser.add_argument("--modes", default="M3")
+    parser.add_argument("--depth", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster")
+    parser.add_argument("--interval-s", type=float, default=1.0, help="status polling period")
+
+
+def add_output_flags(parser: argparse.ArgumentParser, script: str, name: str) -> None:
+    """Where a run works (``runs/<script>``) and writes its results (``<out>/<name>.*``)."""
+    parser.add_argument("--work-dir", default=str(ROOT / "runs" / script))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--name", default=name)
+
+
+def start_ray(cpus: int) -> None:
+    """A local Ray cluster of ``cpus`` CPUs for the run (no dashboard, no usage stats)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+
+
+def run_paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    """``(work dir, results dir, serve config)`` of a run: both folders made, the config
+    resolved against the repository root when relative."""
+    work, out = Path(args.work_dir), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = Path(args.config)
+    return work, out, config_path if config_path.is_absolute() else ROOT / config_path
+
+
+def save_result(
+    result: dict[str, Any],
+    out: Path,
+    name: str,
+    write_markdown: Callable[[dict[str, Any], Path], None],
+    write_chart: Callable[[Path], None],
+) -> dict[str, Any]:
+    """``<out>/<name>.json``, ``.md`` and ``.png`` of a run's ``result``; prints the markdown
+    and returns ``result``."""
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    write_markdown(result, out / f"{name}.md")
+    write_chart(out / f"{name}.png")
+    print((out / f"{name}.md").read_text())
+    return result
+
+
+def run_commands(script: str, argv: list[str] | None, args: argparse.Namespace) -> list[str]:
+    """What a results file records as its commands: ``benchmarks/<script>`` with the run's
+    flags (paths made public) and the agent-bench it ran against the served app."""
+    argv_public = [public(a) for a in (argv if argv is not None else sys.argv[1:])]
+    return [
+        " ".join([f"python benchmarks/{script}", *argv_public]),
+        "acare " + " ".join(agent_bench_command(args, "$URL", Path("$OUT"))[3:]),
+    ]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="serve_configs/cpu-autoscale.yaml")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model id or checkpoint")
-    parser.add_argument("--tasks", type=int, default=16, help="MuSiQue tasks per phase")
-    parser.add_argument("--agents", type=int, default=16)
-    parser.add_argument("--modes", default="M3")
-    parser.add_argument("--depth", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster")
+    add_load_flags(parser, tasks_help="MuSiQue tasks per phase")
     parser.add_argument("--phases", default="fixed,autoscale", help="fixed, autoscale or both")
-    parser.add_argument("--interval-s", type=float, default=1.0, help="status polling period")
     parser.add_argument("--settle-s", type=float, default=180, help="wait for scale-down")
-    parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_autoscale"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="autoscale-cpu-minilm")
+    add_output_flags(parser, "bench_autoscale", "autoscale-cpu-minilm")
     return parser.parse_args(argv)
 
 
@@ -493,20 +544,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
 
     args = parse_args(argv)
-    work, out = Path(args.work_dir), Path(args.out)
-    work.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = Path(args.config)
-    if not config_path.is_absolute():
-        config_path = ROOT / config_path
+    work, out, config_path = run_paths(args)
     config = resolved_config(config_path, args.model, free_port())
     configs = {"fixed": fixed_replicas(config, 1), "autoscale": config}
     phases = [p for p in args.phases.split(",") if p]
     unknown = set(phases) - set(configs)
     if unknown:
         raise SystemExit(f"--phases: unknown {sorted(unknown)}; give fixed and/or autoscale")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    start_ray(args.cpus)
     rows = []
     with (work / "bench_autoscale.log").open("a") as log:
         try:
@@ -518,31 +563,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     speedup = None
     if {"fixed", "autoscale"} <= set(by) and by["fixed"]["searches_per_s"]:
         speedup = by["autoscale"]["searches_per_s"] / by["fixed"]["searches_per_s"]
-    argv_public = [public(a) for a in (argv if argv is not None else sys.argv[1:])]
     result = {
         "benchmark": "bench_autoscale",
         "args": vars(args)
         | {"config": public(args.config), "model": public(args.model)}
         | {"work_dir": None, "out": None},
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}",
-        "git_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "machine": machine_line(),
+        "git_commit": git_commit(),
         "autoscaling_config": autoscaling(config),
         "rows": rows,
         "speedup": speedup,
         "target_speedup": TARGET_SPEEDUP,
-        "commands": [
-            " ".join(["python benchmarks/bench_autoscale.py", *argv_public]),
-            "acare " + " ".join(agent_bench_command(args, "$URL", Path("$OUT"))[3:]),
-        ],
+        "commands": run_commands("bench_autoscale.py", argv, args),
     }
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    write_markdown(result, out / f"{args.name}.md")
-    write_chart(rows, out / f"{args.name}.png")
-    print((out / f"{args.name}.md").read_text())
-    return result
+    return save_result(result, out, args.name, write_markdown, partial(write_chart, rows))
 
 
 if __name__ == "__main__":

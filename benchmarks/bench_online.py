@@ -25,7 +25,6 @@ import argparse
 import concurrent.futures
 import os
 import platform
-import socket
 import sys
 import tempfile
 import threading
@@ -39,7 +38,7 @@ from report import dump_json
 from workloads import REASONING_SOURCE, Search, musique_workload
 
 from acare_ray.scoring import Mode, Scorer
-from acare_ray.testing import build_random_qwen3
+from acare_ray.testing import build_random_qwen3, free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -177,12 +176,6 @@ def served_vs_inprocess(base: str, scorer: Scorer, searches: list[Search]) -> fl
         want = scorer.score(search.context, search.documents, Mode.M3)
         worst = max(worst, float(np.abs(served - want).max()))
     return worst
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_app(cfg: BenchConfig, path: Path) -> str:

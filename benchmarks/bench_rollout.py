@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +34,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_autoscale import (  # noqa: E402
     APP,
-    ROOT,
     Monitor,
+    add_load_flags,
+    add_output_flags,
     agent_bench_command,
+    agent_bench_summary,
     deploy,
     fixed_replicas,
-    free_port,
+    plot_probes,
     public,
     replica_states,
     resolved_config,
     run_agent_bench,
+    run_commands,
+    run_paths,
+    save_result,
+    start_ray,
 )
+from report import commands_block, git_commit, machine_line  # noqa: E402
+
+from acare_ray.testing import free_port  # noqa: E402
 
 
 def with_model(config: dict[str, Any], model: str) -> dict[str, Any]:
@@ -127,21 +134,9 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
         ("to", result["versions"]["to"], "tab:blue"),
     ):
         probes = [s for s in timeline if s.get("probe_status") == 200 and s["version"] == version]
-        bottom.plot(
-            [s["t"] for s in probes],
-            [s["probe_ms"] / 1000 for s in probes],
-            ".",
-            color=color,
-            label=f"answered by --{label}",
-        )
+        plot_probes(bottom, probes, ".", color, f"answered by --{label}")
     other = [s for s in timeline if "probe_status" in s and s["probe_status"] != 200]
-    bottom.plot(
-        [s["t"] for s in other],
-        [s.get("probe_ms", 0) / 1000 for s in other],
-        "x",
-        color="tab:red",
-        label="not 200",
-    )
+    plot_probes(bottom, other, "x", "tab:red", "not 200")
     for name, color in (
         ("switch_start", "tab:blue"),
         ("switched", "tab:blue"),
@@ -185,13 +180,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         f"- probe statuses: {s['probe_statuses']}",
         "",
         "Times are seconds since the agents started.",
-        "",
-        "Commands:",
-        "",
-        "```bash",
-        *result["commands"],
-        "```",
-        "",
+        *commands_block(result["commands"]),
     ]
     path.write_text("\n".join(lines), encoding="utf-8")
 
@@ -202,20 +191,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--to", dest="target", required=True, help="checkpoint rolled out")
     parser.add_argument("--config", default="serve_configs/local.yaml")
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster")
-    parser.add_argument("--tasks", type=int, default=16)
-    parser.add_argument("--agents", type=int, default=16)
-    parser.add_argument("--modes", default="M3")
-    parser.add_argument("--depth", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
+    add_load_flags(parser)
     parser.add_argument("--switch-after-s", type=float, default=30)
     parser.add_argument(
         "--kill-after-s", type=float, default=20, help="after the update; negative: no kill"
     )
-    parser.add_argument("--interval-s", type=float, default=1.0)
-    parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_rollout"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="rollout-cpu-minilm")
+    add_output_flags(parser, "bench_rollout", "rollout-cpu-minilm")
     return parser.parse_args(argv)
 
 
@@ -226,12 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from acare_ray.online.models import ModelSource, checkpoint_version
 
     args = parse_args(argv)
-    work, out = Path(args.work_dir), Path(args.out)
-    work.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    config_path = Path(args.config)
-    if not config_path.is_absolute():
-        config_path = ROOT / config_path
+    work, out, config_path = run_paths(args)
     base_config = fixed_replicas(resolved_config(config_path, None, free_port()), args.replicas)
     first, second = with_model(base_config, args.source), with_model(base_config, args.target)
     versions = {
@@ -239,8 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "to": checkpoint_version(ModelSource(second["applications"][0]["args"]["model"])),
     }
     base = f"http://127.0.0.1:{base_config['http_options']['port']}"
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    start_ray(args.cpus)
     command = agent_bench_command(args, base, work / "agents")
     report: dict[str, Any] = {}
     failure: list[BaseException] = []
@@ -288,40 +263,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ray.shutdown()
     if failure:
         raise RuntimeError("agent-bench failed: a search failed for good") from failure[0]
-    (system, summary), *_ = report["systems"].items()
-    argv_public = [public(a) for a in (argv if argv is not None else sys.argv[1:])]
     result = {
         "benchmark": "bench_rollout",
         "args": vars(args)
         | {k: public(getattr(args, k)) for k in ("source", "target", "config")}
         | {"work_dir": None, "out": None},
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}",
-        "git_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "machine": machine_line(),
+        "git_commit": git_commit(),
         "versions": versions,
         "marks": monitor.marks,
         "switch": switch_summary(monitor.samples, versions["from"], versions["to"]),
-        "agent_bench": {
-            "system": system,
-            "tasks": summary["tasks"],
-            "searches": summary["searches"],
-            "searches_per_s": summary["searches_per_s"],
-            "latency_ms": summary["latency_ms"],
-            "refused_retried": summary.get("refused_retried", 0),
-        },
+        "agent_bench": agent_bench_summary(report),
         "timeline": monitor.samples,
-        "commands": [
-            " ".join(["python benchmarks/bench_rollout.py", *argv_public]),
-            "acare " + " ".join(agent_bench_command(args, "$URL", Path("$OUT"))[3:]),
-        ],
+        "commands": run_commands("bench_rollout.py", argv, args),
     }
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    write_markdown(result, out / f"{args.name}.md")
-    write_chart(result, out / f"{args.name}.png")
-    print((out / f"{args.name}.md").read_text())
-    return result
+    return save_result(result, out, args.name, write_markdown, partial(write_chart, result))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from hf_recipe import OfficialRecipe
-from measure import H100_H200_BF16_DENSE_FLOPS, measure, non_embedding_params
+from measure import H100_H200_BF16_DENSE_FLOPS, Measured, measure, non_embedding_params
 from report import environment, score_gap, summarise, targets, write
 from workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
 
@@ -110,16 +110,23 @@ def pair_bodies(scorer: Scorer, search: Search, mode: Mode, indices: list[int]) 
     return [f"{head} {search.documents[i]}" for i in indices]
 
 
-def run_ours(scorer: Scorer, search: Search, mode: Mode, device: torch.device) -> dict:
-    stats = scorer.stats
-    before = (stats.real_tokens, stats.computed_tokens, stats.tokenize_s)
-    scores, measured = measure(lambda: scorer.score(search.context, search.documents, mode), device)
+def timed_run(scores: np.ndarray, measured: Measured) -> dict:
+    """The part of a method's run record every method has: its scores and what it cost."""
     return {
         "scores": scores,
         "pairs": len(scores),
         "seconds": measured.seconds,
         "cpu_seconds": measured.cpu_seconds,
         "peak_mb": measured.peak_mb,
+    }
+
+
+def run_ours(scorer: Scorer, search: Search, mode: Mode, device: torch.device) -> dict:
+    stats = scorer.stats
+    before = (stats.real_tokens, stats.computed_tokens, stats.tokenize_s)
+    scores, measured = measure(lambda: scorer.score(search.context, search.documents, mode), device)
+    return {
+        **timed_run(scores, measured),
         "tokenize_s": stats.tokenize_s - before[2],
         "real_tokens": stats.real_tokens - before[0],
         "computed_tokens": stats.computed_tokens - before[1],
@@ -130,11 +137,7 @@ def run_recipe(recipe: OfficialRecipe, pairs: list[str], device: torch.device) -
     recipe.stats = type(recipe.stats)()
     scores, measured = measure(lambda: recipe.score(pairs), device)
     return {
-        "scores": scores,
-        "pairs": len(scores),
-        "seconds": measured.seconds,
-        "cpu_seconds": measured.cpu_seconds,
-        "peak_mb": measured.peak_mb,
+        **timed_run(scores, measured),
         "tokenize_s": recipe.stats.tokenize_s,
         "real_tokens": recipe.stats.real_tokens,
         "computed_tokens": recipe.stats.computed_tokens,

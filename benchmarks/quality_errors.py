@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from quality_musique import rank_searches, split_questions
-from report import dump_json
+from report import write_report
 
 from acare_ray.data.musique import musique_searches
 from acare_ray.metrics import bootstrap_ci, evaluate, paired_randomization_test
@@ -138,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             test = paired_randomization_test(per_query["M0"], per_query[mode.value], seed=0)
             report["ndcg@10"][mode.value] |= {"diff_vs_M0": test.mean_diff, "p_vs_M0": test.p_value}
         print(mode.value, json.dumps(report["modes"][mode.value]["all"]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(report, out / f"{args.name}.json")
-    (out / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, Path(args.out), args.name, markdown(report))
     return 0
 
 

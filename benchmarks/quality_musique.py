@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from report import dump_json
+from report import git_commit, write_report
+from splits import hold_out
 
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.io import write_parquet
@@ -55,12 +54,7 @@ BACKBONE = DEFAULT_MODEL
 
 def split_questions(table: pa.Table, n_test: int, seed: int) -> tuple[pa.Table, pa.Table]:
     """(train, test) searches: ``n_test`` seeded questions held out whole (split by session)."""
-    sessions = sorted(set(table.column("session_id").to_pylist()))
-    if not 0 < n_test < len(sessions):
-        raise ValueError(f"--test-questions must be in 1..{len(sessions) - 1}, got {n_test}")
-    held = set(np.random.default_rng(seed).permutation(sessions)[:n_test].tolist())
-    is_test = pa.array([s in held for s in table.column("session_id").to_pylist()])
-    return table.filter(pc.invert(is_test)), table.filter(is_test)
+    return hold_out(table, "session_id", n_test, seed)
 
 
 def rank_searches(scorer, searches: list[Search], mode: Mode, chunk: int = 16) -> dict:
@@ -158,7 +152,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--test-questions", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
@@ -179,34 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "quality_musique"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="quality-musique-cpu-minilm")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    import ray
-    import torch
 
-    from acare_ray.scoring import Scorer
-    from acare_ray.training import TrainConfig, run
-    from acare_ray.training.trainer import start_local_ray
+def train_config(args: argparse.Namespace, data: Path, work: Path):
+    """The run's training config: the flags' settings on the groups at ``data``."""
+    from acare_ray.training import TrainConfig
 
-    started = time.perf_counter()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    work = Path(args.work_dir)
-    train_searches, test_searches = split_questions(
-        musique_searches("distractor"), args.test_questions, args.seed
-    )
-    groups = searches_to_groups(train_searches, negatives=7, seed=args.seed)
-    data = write_parquet(groups, work / "train_groups.parquet")
-    test = [parse_search(row, i) for i, row in enumerate(test_searches.to_pylist())]
-    qrels = {s.search_id: {c.doc_id: c.relevance for c in s.candidates} for s in test}
-    print(
-        f"train: {len(set(train_searches.column('session_id').to_pylist()))} questions, "
-        f"{groups.num_rows} groups; test: {args.test_questions} questions, {len(test)} searches",
-        flush=True,
-    )
-
-    config = TrainConfig(
+    return TrainConfig(
         data=str(data),
         model=BACKBONE,
         output=str(work / "runs"),
@@ -228,12 +202,16 @@ def main(argv: list[str] | None = None) -> int:
         log_every=10,
         max_length=args.max_length,
     )
-    start_local_ray(num_cpus=args.workers, log_to_driver=True)
-    train_started = time.perf_counter()
-    checkpoint = run(config)
-    train_seconds = time.perf_counter() - train_started
-    ray.shutdown()
-    print(f"trained in {train_seconds:.0f} s: {checkpoint}", flush=True)
+
+
+def evaluate_models(
+    args: argparse.Namespace, checkpoint: Path, test: list, qrels: dict
+) -> tuple[dict, dict]:
+    """The trained checkpoint and the untrained backbone on the held-out searches: results and
+    evaluation seconds per model."""
+    import torch
+
+    from acare_ray.scoring import Scorer
 
     torch.set_num_threads(args.threads)
     results, eval_seconds = {}, {}
@@ -243,6 +221,41 @@ def main(argv: list[str] | None = None) -> int:
         scorer = Scorer.from_pretrained(source, device="cpu", **options)
         results[model] = evaluate_model(scorer, test, qrels)
         eval_seconds[model] = sum(r["seconds"] for r in results[model].values())
+    return results, eval_seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ray
+
+    from acare_ray.training import run
+    from acare_ray.training.trainer import start_local_ray
+
+    args = parse_args(argv)
+    started = time.perf_counter()
+    commit = git_commit()
+    work = Path(args.work_dir)
+    train_searches, test_searches = split_questions(
+        musique_searches("distractor"), args.test_questions, args.seed
+    )
+    groups = searches_to_groups(train_searches, negatives=7, seed=args.seed)
+    data = write_parquet(groups, work / "train_groups.parquet")
+    test = [parse_search(row, i) for i, row in enumerate(test_searches.to_pylist())]
+    qrels = {s.search_id: {c.doc_id: c.relevance for c in s.candidates} for s in test}
+    print(
+        f"train: {len(set(train_searches.column('session_id').to_pylist()))} questions, "
+        f"{groups.num_rows} groups; test: {args.test_questions} questions, {len(test)} searches",
+        flush=True,
+    )
+
+    config = train_config(args, data, work)
+    start_local_ray(num_cpus=args.workers, log_to_driver=True)
+    train_started = time.perf_counter()
+    checkpoint = run(config)
+    train_seconds = time.perf_counter() - train_started
+    ray.shutdown()
+    print(f"trained in {train_seconds:.0f} s: {checkpoint}", flush=True)
+
+    results, eval_seconds = evaluate_models(args, checkpoint, test, qrels)
 
     report = {
         "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_musique.py "
@@ -265,10 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarise(results),
     }
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(report, out / f"{args.name}.json")
-    (out / f"{args.name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, out, args.name, markdown(report))
     print(f"total {report['seconds']['total']:.0f} s; wrote {out / args.name}.{{json,md}}")
     return 0
 

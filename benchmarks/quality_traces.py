@@ -31,15 +31,14 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from report import dump_json
+from report import git_commit, write_report
+from splits import hold_out
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet
 from acare_ray.data.traces import import_traces
@@ -54,12 +53,7 @@ SHOWN = ("nDCG@10", "Recall@10", "session_recall", "session_recall_mean", "usefu
 
 def split_questions(table: pa.Table, n_test: int, seed: int) -> tuple[pa.Table, pa.Table]:
     """(train, test): ``n_test`` seeded questions held out with every agent's trajectory."""
-    questions = sorted(set(table.column("question_id").to_pylist()))
-    if not 0 < n_test < len(questions):
-        raise ValueError(f"--test-questions must be in 1..{len(questions) - 1}, got {n_test}")
-    held = set(np.random.default_rng(seed).permutation(questions)[:n_test].tolist())
-    is_test = pa.array([q in held for q in table.column("question_id").to_pylist()])
-    return table.filter(pc.invert(is_test)), table.filter(is_test)
+    return hold_out(table, "question_id", n_test, seed)
 
 
 def take_questions(table: pa.Table, n: int | None, seed: int) -> pa.Table:
@@ -390,7 +384,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", default=str(data_dir() / "agent_traces"))
     parser.add_argument("--k", type=int, default=20, help="BM25 candidates per search")
@@ -417,16 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         any(r in recipes for r in ("bottom7", "hard7")) and not labeler
     ):
         parser.error("transfer and the relabelled recipes need --transfer-checkpoint or --labeler")
+    return args
 
-    import ray
 
-    from acare_ray.training.trainer import start_local_ray
-
-    started = time.perf_counter()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    work = Path(args.work_dir)
+def prepare_data(args: argparse.Namespace, work: Path) -> tuple[Path, Path, dict]:
+    """The imported traces split into held-out test and labelled training questions: the test
+    and training Parquet files and what they hold."""
     searches_path = work / "searches.parquet"
     traces = Path(args.traces)
     if not searches_path.exists():
@@ -455,6 +445,21 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     print(f"data: {data}", flush=True)
+    return test_path, train_path, data
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ray
+
+    from acare_ray.training.trainer import start_local_ray
+
+    args = parse_args(argv)
+    recipes = [r for r in args.recipes.split(",") if r]
+    labeler = args.labeler or args.transfer_checkpoint
+    started = time.perf_counter()
+    commit = git_commit()
+    work = Path(args.work_dir)
+    test_path, train_path, data = prepare_data(args, work)
 
     # One logical CPU more than the actors use, for the read and write tasks beside them.
     start_local_ray(num_cpus=args.workers + 1, log_to_driver=True)
@@ -501,10 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(result, out / f"{args.name}.json")
-    (out / f"{args.name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(result, out, args.name, markdown(result))
     print(f"total {result['seconds']:.0f} s; wrote {out / args.name}.{{json,md}}")
     return 0
 

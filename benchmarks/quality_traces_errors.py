@@ -24,7 +24,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from report import dump_json
+from report import write_report
 
 from acare_ray.data.io import read_parquet
 from acare_ray.data.traces import page_key
@@ -136,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir)
     recipes = [r for r in args.recipes.split(",") if (work / "eval" / r / "rerank").is_dir()]
     result = {"recipes": {r: analyse(work, r, args.examples) for r in recipes}}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(result, out / f"{args.name}.json")
-    (out / f"{args.name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(result, Path(args.out), args.name, markdown(result))
     return 0
 
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from quality_musique import split_questions as musique_split  # noqa: E402
 from quality_traces import split_questions  # noqa: E402
-from report import dump_json  # noqa: E402
+from report import dump_json, git_commit  # noqa: E402
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet  # noqa: E402
 from acare_ray.scoring import DEFAULT_MODEL  # noqa: E402
@@ -508,9 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    commit = git_commit()
     started = time.perf_counter()
     result: dict = {
         "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/recipe_all.py "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,24 @@ def machine() -> str:
     import platform
 
     return f"{platform.platform()}, {os.cpu_count()} CPUs, python {platform.python_version()}"
+
+
+def machine_line() -> str:
+    """Architecture, CPU count and Python version, the machine field of the agent and cluster
+    benchmarks' results."""
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def git_commit() -> str:
+    """The repository's HEAD commit (empty outside a git checkout)."""
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+
+
+def commands_block(commands: list[str]) -> list[str]:
+    """The markdown lines that end a results file: the commands that made it, in a bash block."""
+    return ["", "Commands:", "", "```bash", *commands, "```", ""]
 
 
 def write_report(report: dict, out: Path, label: str, markdown: str) -> None:

@@ -1,7 +1,7 @@
 """``acare agent-bench``: a simulated, scripted agent with the reranker in the loop (no Ray).
 
 - :mod:`~acare_ray.agent.tasks`: MuSiQue questions -> tasks, the pooled BM25 corpus;
-- :mod:`~acare_ray.agent.rerankers`: the :class:`Reranker` protocol and its implementations
+- :mod:`~acare_ray.agent.rerankers`: the :class:`AgentReranker` protocol and its implementations
   (BM25 order, an in-process :class:`~acare_ray.scoring.scorer.Scorer`, an oracle, a Cohere-compatible
   endpoint);
 - :mod:`~acare_ray.agent.simulate`: the deterministic agent and closed-loop concurrent sessions;

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from acare_ray.agent.rerankers import (
+    AgentReranker,
     EndpointReranker,
     FirstStage,
     OracleReranker,
-    Reranker,
     ScorerReranker,
     fusion_setting,
 )
@@ -41,7 +41,7 @@ from acare_ray.agent.tasks import (
     select_records,
     write_corpus,
 )
-from acare_ray.fusion import FusionConfig, resolve
+from acare_ray.fusion import FusionConfig, resolve_fusion
 from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
 RERANKERS = ("none", "oracle", "model", "endpoint")
@@ -137,9 +137,9 @@ class AgentBenchConfig:
         return out
 
 
-def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[Reranker]:
+def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[AgentReranker]:
     """The compared systems, baseline first."""
-    systems: list[Reranker] = []
+    systems: list[AgentReranker] = []
     if config.reranker == "none" or config.baseline:
         systems.append(FirstStage())
     if config.reranker == "oracle":
@@ -203,7 +203,7 @@ def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
     for setting in config.fusion:
         if setting.strip() == "auto" and fitted is None:
             raise ValueError(f"--fusion auto: {config.model} has no fitted fusion (acare.json)")
-        fusion = resolve(setting, fitted)
+        fusion = resolve_fusion(setting, fitted)
         if fusion.enabled and fusion not in out:
             out.append(fusion)
     return out
@@ -451,14 +451,13 @@ def export_corpus(config: AgentBenchConfig, path: str | Path) -> int:
     return write_corpus(load_tasks(config)[1], path)
 
 
-def run(config: AgentBenchConfig) -> dict[str, Any]:
-    """Run every system on the same tasks and write ``agent_bench.{json,md,png}`` into ``out``."""
-    started = time.perf_counter()
-    tasks, corpus = load_tasks(config)
-    systems = make_rerankers(config, tasks)
+def run_systems(
+    config: AgentBenchConfig, tasks: list[Task], corpus: Corpus, systems: list[AgentReranker]
+) -> tuple[dict[str, list[TaskResult]], dict[str, float]]:
+    """Every system's sessions over ``tasks`` (each system closed after): the results and the
+    wall seconds, by system name."""
     per_system: dict[str, list[TaskResult]] = {}
     walls: dict[str, float] = {}
-    summaries_extra: dict[str, dict[str, Any]] = {}
     try:
         for reranker in systems:
             progress = progress_printer(reranker.name, len(tasks), config.progress_every)
@@ -474,6 +473,29 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
             )
     finally:
         close_all(systems)
+    return per_system, walls
+
+
+def retries(systems: list[AgentReranker], ran: set[str]) -> dict[str, dict[str, Any]]:
+    """The answers each endpoint system that ran had to send again: ``refused_retried``
+    (503/429) and, where it counts them, ``server_errors_retried`` (500/502)."""
+    out: dict[str, dict[str, Any]] = {}
+    for reranker in systems:
+        refused = getattr(reranker, "refused", None)
+        if refused is not None and reranker.name in ran:
+            out.setdefault(reranker.name, {})["refused_retried"] = refused
+            resent = getattr(reranker, "server_errors", None)
+            if resent is not None:
+                out[reranker.name]["server_errors_retried"] = resent
+    return out
+
+
+def run(config: AgentBenchConfig) -> dict[str, Any]:
+    """Run every system on the same tasks and write ``agent_bench.{json,md,png}`` into ``out``."""
+    started = time.perf_counter()
+    tasks, corpus = load_tasks(config)
+    systems = make_rerankers(config, tasks)
+    per_system, walls = run_systems(config, tasks, corpus, systems)
     common = set.intersection(*({r.task_id for r in rs if r.solved} for rs in per_system.values()))
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -482,13 +504,7 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
         "markdown": str(out / "agent_bench.md"),
         "chart": str(out / "agent_bench.png"),
     }
-    for reranker in systems:
-        refused = getattr(reranker, "refused", None)
-        if refused is not None and reranker.name in per_system:
-            summaries_extra.setdefault(reranker.name, {})["refused_retried"] = refused
-            resent = getattr(reranker, "server_errors", None)
-            if resent is not None:
-                summaries_extra[reranker.name]["server_errors_retried"] = resent
+    summaries_extra = retries(systems, set(per_system))
     report = {
         "config": config.public(),
         "n_tasks": len(tasks),

@@ -20,6 +20,7 @@ def agent_bench_command(args: argparse.Namespace) -> int:
         run,
     )
     from acare_ray.agent.tasks import read_task_ids
+    from acare_ray.flags import config_from_flags
 
     if args.model is not None:
         reranker = "model"
@@ -32,32 +33,17 @@ def agent_bench_command(args: argparse.Namespace) -> int:
         return 2
     try:
         task_ids = read_task_ids(args.task_ids) if args.task_ids else None
-        config = AgentBenchConfig(
+        config = config_from_flags(
+            AgentBenchConfig,
+            args,
             out=args.out or "",
-            tasks=args.tasks,
-            seed=args.seed,
-            split=args.split,
             reranker=reranker,
-            model=args.model,
             modes=_csv(args.modes),
-            endpoint=args.endpoint,
-            endpoint_model=args.endpoint_model,
             api_key=os.environ.get("ACARE_API_KEY") or None,
             baseline=not args.no_baseline,
-            agents=args.agents,
-            budget=args.budget,
-            depth=args.depth,
-            first_stage_k=args.first_stage_k,
-            device=args.device,
-            max_batch_tokens=args.max_batch_tokens,
             n_resamples=args.resamples,
-            progress_every=args.progress_every,
             task_ids=task_ids,
-            corpus=args.corpus,
             fusion=tuple(args.fusion or ()),
-            fused_only=args.fused_only,
-            search_endpoint=args.search_endpoint,
-            mcp=args.mcp,
         )
         if args.export_corpus is not None:
             written = export_corpus(config, args.export_corpus)

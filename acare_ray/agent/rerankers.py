@@ -45,7 +45,10 @@ class RerankRequest:
     first_stage_scores: tuple[float, ...] = ()
 
 
-class Reranker(Protocol):
+class AgentReranker(Protocol):
+    """What an agent-bench session calls to order one search's candidates (not the Serve
+    deployment :class:`acare_ray.online.deployment.Reranker`)."""
+
     name: str
 
     def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
@@ -53,7 +56,9 @@ class Reranker(Protocol):
         ...
 
 
-def rerank_counted(reranker: Reranker, request: RerankRequest, top_n: int) -> tuple[list[int], int]:
+def rerank_counted(
+    reranker: AgentReranker, request: RerankRequest, top_n: int
+) -> tuple[list[int], int]:
     """``(indices, tokens scored)``: a reranker that runs a model says what it scored through
     its own ``rerank_counted``; one that has none (BM25 order, the oracle) scored 0 tokens."""
     counted = getattr(reranker, "rerank_counted", None)

@@ -2,7 +2,7 @@
 ``search`` tool), and the server's session memory, not the bench, keeps the agent from being
 shown a document twice.
 
-A :class:`SessionSearcher` gets the search as the agent would send it (:class:`SessionSearch`:
+A :class:`SessionSearcher` gets the search as the agent would send it (:class:`ServerSearch`:
 session id, sub-query, original question, reasoning) and returns the server's answer
 (:class:`SessionHits`): every hit in the served order with the server's ``seen`` flag, the
 tokens the reranker scored and the server's time per phase (first stage, rerank, session store;
@@ -29,19 +29,20 @@ import os
 import shlex
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from acare_ray.agent.rerankers import EndpointError, fusion_setting
 
 
 @dataclass(frozen=True)
-class SessionSearch:
-    """One agent search as it goes to the server."""
+class ServerSearch:
+    """One agent search as it goes to the server (the fields of a ``/v1/search`` body that the
+    agent sets; not :class:`acare_ray.sessions.SessionSearch`, a replayed search's labels)."""
 
     session_id: str
     query: str
-    question: str
+    original_question: str
     reasoning: str
     top_k: int
     first_stage_k: int
@@ -66,6 +67,22 @@ class SessionHits:
     session_s: float | None
     candidates: int | None
 
+    @classmethod
+    def parse(
+        cls, results: list[dict[str, Any]], tokens: int | None, timings: dict[str, Any]
+    ) -> SessionHits:
+        """From a server's ``results``, its ``tokens`` count and its ``timings`` (the phase
+        times in milliseconds under ``*_ms`` keys, and ``candidates``), as both the HTTP
+        usage block and the MCP tool's structured answer carry them."""
+        return cls(
+            hits=_hits(results),
+            tokens=int(tokens or 0),
+            first_stage_s=_seconds(timings, "first_stage_ms"),
+            rerank_s=_seconds(timings, "rerank_ms"),
+            session_s=_seconds(timings, "session_ms"),
+            candidates=timings.get("candidates"),
+        )
+
 
 class SessionSearcher(Protocol):
     name: str
@@ -75,7 +92,7 @@ class SessionSearcher(Protocol):
         """A session id for ``task_id``, unique to this system's run."""
         ...
 
-    def search(self, request: SessionSearch) -> SessionHits: ...
+    def search(self, request: ServerSearch) -> SessionHits: ...
 
     def end_session(self, session_id: str) -> None:
         """The task is over (free the server's memory of it where the interface allows)."""
@@ -131,21 +148,12 @@ class SearchEndpoint:
     def session_id(self, task_id: str) -> str:
         return f"agent-bench-{self.run_id}-{task_id}"
 
-    def body(self, request: SessionSearch) -> dict[str, Any]:
+    def body(self, request: ServerSearch) -> dict[str, Any]:
         from acare_ray.client import search_body
 
-        return search_body(
-            request.query,
-            original_question=request.question,
-            reasoning=request.reasoning,
-            session_id=request.session_id,
-            top_k=request.top_k,
-            mode=self.mode,
-            first_stage_k=request.first_stage_k,
-            fusion=self.fusion or "none",
-        )
+        return search_body(**asdict(request), mode=self.mode, fusion=self.fusion or "none")
 
-    def search(self, request: SessionSearch) -> SessionHits:
+    def search(self, request: ServerSearch) -> SessionHits:
         from acare_ray.client import AcareError
 
         try:
@@ -153,14 +161,7 @@ class SearchEndpoint:
         except AcareError as err:
             raise EndpointError(str(err)) from err
         usage = answer.get("usage") or {}
-        return SessionHits(
-            hits=_hits(answer["results"]),
-            tokens=int(usage.get("input_tokens") or 0),
-            first_stage_s=_seconds(usage, "first_stage_ms"),
-            rerank_s=_seconds(usage, "rerank_ms"),
-            session_s=_seconds(usage, "session_ms"),
-            candidates=usage.get("candidates"),
-        )
+        return SessionHits.parse(answer["results"], usage.get("input_tokens"), usage)
 
     def end_session(self, session_id: str) -> None:
         from acare_ray.client import AcareError
@@ -231,10 +232,10 @@ class McpSearch:
     def session_id(self, task_id: str) -> str:
         return f"agent-bench-{self.run_id}-{task_id}"
 
-    def search(self, request: SessionSearch) -> SessionHits:
+    def search(self, request: ServerSearch) -> SessionHits:
         arguments = {
             "query": request.query,
-            "question": request.question,
+            "question": request.original_question,
             "reasoning": request.reasoning,
             "session_id": request.session_id,
             "top_k": request.top_k,
@@ -243,15 +244,7 @@ class McpSearch:
         if result.is_error or result.structured_content is None:
             raise EndpointError(f"MCP search tool failed: {result.content}")
         out = result.structured_content
-        timings = out.get("timings") or {}
-        return SessionHits(
-            hits=_hits(out["results"]),
-            tokens=int(out.get("tokens") or 0),
-            first_stage_s=_seconds(timings, "first_stage_ms"),
-            rerank_s=_seconds(timings, "rerank_ms"),
-            session_s=_seconds(timings, "session_ms"),
-            candidates=timings.get("candidates"),
-        )
+        return SessionHits.parse(out["results"], out.get("tokens"), out.get("timings") or {})
 
     def end_session(self, session_id: str) -> None:
         """Nothing to do: the tool set has no forget; the server's TTL frees the session."""

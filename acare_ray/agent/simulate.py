@@ -42,9 +42,10 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
-from acare_ray.agent.rerankers import Reranker, RerankRequest, check_order, rerank_counted
+from acare_ray.agent.rerankers import AgentReranker, RerankRequest, check_order, rerank_counted
 from acare_ray.agent.tasks import Corpus, Task
 from acare_ray.data.musique import resolve_step, synthetic_reasoning
 
@@ -148,45 +149,73 @@ def agent_reasoning(task: Task, k: int, answers: Sequence[str], failed: Sequence
     return " ".join([base, *notes])
 
 
+@dataclass(frozen=True)
+class SearchSetting:
+    """What every search of a run shares: the ``corpus``, the results an answer keeps
+    (``depth``) and the first-stage candidates reranked (``first_stage_k``)."""
+
+    corpus: Corpus
+    depth: int
+    first_stage_k: int
+
+
+@dataclass(frozen=True)
+class AgentSearch:
+    """One search the agent sends: ``task``'s 0-based ``step``, the 1-based ``attempt`` at it,
+    the reformulated ``query`` and the agent's ``reasoning`` before it."""
+
+    task: Task
+    step: int
+    attempt: int
+    query: str
+    reasoning: str
+
+    def record(self, returned: tuple[str, ...], **timings: Any) -> SearchRecord:
+        """This search's :class:`SearchRecord` (``solved`` left False; ``timings``: its
+        :data:`TIMINGS` fields)."""
+        return SearchRecord(
+            step=self.step,
+            attempt=self.attempt,
+            reformulation=REFORMULATIONS[(self.attempt - 1) % len(REFORMULATIONS)],
+            query=self.query,
+            returned=returned,
+            solved=False,
+            **timings,
+        )
+
+
+# A way to run one search: the search and the documents its session was shown so far.
+Searcher = Callable[[AgentSearch, set[str]], SearchRecord]
+
+
 def client_search(
-    reranker: Reranker,
-    task: Task,
-    k: int,
-    attempt: int,
-    query: str,
-    reasoning: str,
-    seen: set[str],
-    corpus: Corpus,
-    depth: int,
-    first_stage_k: int,
+    reranker: AgentReranker, setting: SearchSetting, search: AgentSearch, seen: set[str]
 ) -> SearchRecord:
     """One search with the first stage and the unseen filter here (``solved`` left False)."""
+    corpus, depth = setting.corpus, setting.depth
     start = time.perf_counter()
     hits = [
-        (p, s) for p, s in zip(*corpus.search(query, first_stage_k)) if corpus.ids[p] not in seen
+        (p, s)
+        for p, s in zip(*corpus.search(search.query, setting.first_stage_k))
+        if corpus.ids[p] not in seen
     ]
     positions = [p for p, _ in hits]
     request = RerankRequest(
-        query=query,
-        question=task.question,
-        reasoning=reasoning,
+        query=search.query,
+        question=search.task.question,
+        reasoning=search.reasoning,
         documents=tuple(corpus.texts[p] for p in positions),
         doc_ids=tuple(corpus.ids[p] for p in positions),
         first_stage_scores=tuple(s for _, s in hits),
-        task_id=task.task_id,
-        step=k,
+        task_id=search.task.task_id,
+        step=search.step,
     )
     ranked = time.perf_counter()
     order, tokens = rerank_counted(reranker, request, depth) if positions else ([], 0)
     order = check_order(order, len(positions), depth, f"reranker {reranker.name}")
     end = time.perf_counter()
-    return SearchRecord(
-        step=k,
-        attempt=attempt,
-        reformulation=REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)],
-        query=query,
-        returned=tuple(request.doc_ids[i] for i in order),
-        solved=False,
+    return search.record(
+        tuple(request.doc_ids[i] for i in order),
         rerank_s=end - ranked,
         latency_s=end - start,
         tokens=tokens,
@@ -195,17 +224,7 @@ def client_search(
 
 
 def server_search(
-    server: Any,
-    session_id: str,
-    task: Task,
-    k: int,
-    attempt: int,
-    query: str,
-    reasoning: str,
-    seen: set[str],
-    corpus: Corpus,
-    depth: int,
-    first_stage_k: int,
+    server: Any, session_id: str, setting: SearchSetting, search: AgentSearch, seen: set[str]
 ) -> SearchRecord:
     """One search sent whole to the server (a :class:`~acare_ray.agent.searchers.
     SessionSearcher`); the agent keeps the hits the server marks unseen.
@@ -216,12 +235,17 @@ def server_search(
     candidates; anything else is a ValueError naming the task, the search and the document (a
     served index that is not this run's corpus, or a session memory that lost or mixed up
     sessions)."""
-    from acare_ray.agent.searchers import SessionSearch
+    from acare_ray.agent.searchers import ServerSearch
 
-    where = f"task {task.task_id} step {k} attempt {attempt} ({server.name})"
+    corpus, depth, first_stage_k = setting.corpus, setting.depth, setting.first_stage_k
+    where = (
+        f"task {search.task.task_id} step {search.step} attempt {search.attempt} ({server.name})"
+    )
     start = time.perf_counter()
     answer = server.search(
-        SessionSearch(session_id, query, task.question, reasoning, depth, first_stage_k)
+        ServerSearch(
+            session_id, search.query, search.task.question, search.reasoning, depth, first_stage_k
+        )
     )
     end = time.perf_counter()
     expected = min(first_stage_k, len(corpus))
@@ -247,13 +271,8 @@ def server_search(
     returned = tuple(h.doc_id for h in answer.hits if not h.seen)
     if len(set(returned)) != len(returned):
         raise ValueError(f"{where}: a document is returned twice in one answer")
-    return SearchRecord(
-        step=k,
-        attempt=attempt,
-        reformulation=REFORMULATIONS[(attempt - 1) % len(REFORMULATIONS)],
-        query=query,
-        returned=returned,
-        solved=False,
+    return search.record(
+        returned,
         rerank_s=answer.rerank_s if answer.rerank_s is not None else end - start,
         latency_s=end - start,
         tokens=answer.tokens,
@@ -265,31 +284,24 @@ def server_search(
 def run_task(
     task: Task,
     corpus: Corpus,
-    reranker: Reranker,
+    reranker: AgentReranker,
     budget: int = 3,
     depth: int = 10,
     first_stage_k: int = 100,
 ) -> TaskResult:
     """One closed-loop session: each search depends on what the previous ones returned."""
-    server = reranker if getattr(reranker, "server_sessions", False) else None
-    session_id = server.session_id(task.task_id) if server is not None else ""
+    setting = SearchSetting(corpus, depth, first_stage_k)
+    if not getattr(reranker, "server_sessions", False):
+        return _run_task(task, corpus, budget, partial(client_search, reranker, setting))
+    server: Any = reranker
+    session_id = server.session_id(task.task_id)
     try:
-        return _run_task(task, corpus, reranker, server, session_id, budget, depth, first_stage_k)
+        return _run_task(task, corpus, budget, partial(server_search, server, session_id, setting))
     finally:
-        if server is not None:
-            server.end_session(session_id)
+        server.end_session(session_id)
 
 
-def _run_task(
-    task: Task,
-    corpus: Corpus,
-    reranker: Any,
-    server: Any,
-    session_id: str,
-    budget: int,
-    depth: int,
-    first_stage_k: int,
-) -> TaskResult:
+def _run_task(task: Task, corpus: Corpus, budget: int, searcher: Searcher) -> TaskResult:
     seen: set[str] = set()
     answers: list[str] = []
     records: list[SearchRecord] = []
@@ -300,33 +312,7 @@ def _run_task(
         for attempt in range(1, budget + 1):
             query = reformulate(task, k, answers, attempt, corpus)
             reasoning = agent_reasoning(task, k, answers, failed)
-            if server is not None:
-                record = server_search(
-                    server,
-                    session_id,
-                    task,
-                    k,
-                    attempt,
-                    query,
-                    reasoning,
-                    seen,
-                    corpus,
-                    depth,
-                    first_stage_k,
-                )
-            else:
-                record = client_search(
-                    reranker,
-                    task,
-                    k,
-                    attempt,
-                    query,
-                    reasoning,
-                    seen,
-                    corpus,
-                    depth,
-                    first_stage_k,
-                )
+            record = searcher(AgentSearch(task, k, attempt, query, reasoning), seen)
             seen.update(record.returned)
             solved = task.gold_steps[k] in seen
             record = replace(record, solved=solved)
@@ -366,7 +352,7 @@ def progress_printer(name: str, total: int, every: int) -> Callable[[int, int, i
 def run_sessions(
     tasks: Sequence[Task],
     corpus: Corpus,
-    reranker: Reranker,
+    reranker: AgentReranker,
     *,
     agents: int = 1,
     budget: int = 3,

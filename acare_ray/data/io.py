@@ -103,8 +103,10 @@ def read_parquet(path: str | os.PathLike, schema: pa.Schema | None = None) -> pa
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Records of a JSON-lines file; blank lines are skipped, a bad line names its number."""
+def jsonl_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any] | str]]:
+    """``(line number, record)`` for each non-blank line of a JSON-lines file (numbers from 1);
+    where a line is not a JSON object, the reason (a ``str``) stands in place of the record, so
+    a caller decides whether a bad line is fatal or a reported problem."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -112,12 +114,20 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+                yield number, f"not valid JSON ({err.msg})"
+                continue
             if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}:{number}: expected an object, got {type(record).__name__}"
-                )
-            yield record
+                yield number, f"expected an object, got {type(record).__name__}"
+                continue
+            yield number, record
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; blank lines are skipped, a bad line names its number."""
+    for number, record in jsonl_lines(path):
+        if isinstance(record, str):
+            raise ValueError(f"{path}:{number}: {record}")
+        yield record
 
 
 def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> int:

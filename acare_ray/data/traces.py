@@ -59,6 +59,7 @@ from typing import Any
 import pyarrow as pa
 
 from acare_ray.data.bm25 import BM25Index
+from acare_ray.data.io import jsonl_lines
 from acare_ray.schema import SEARCHES
 
 log = logging.getLogger(__name__)
@@ -222,19 +223,10 @@ def parse_r1_steps(text: str) -> tuple[list[Step], list[str]]:
 
 
 def _json_lines(path: Path, problems: list[Problem]) -> Iterable[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                problems.append(Problem(str(path), number, f"not valid JSON ({err.msg}); skipped"))
-                continue
-            if not isinstance(record, dict):
-                kind = type(record).__name__
-                problems.append(Problem(str(path), number, f"expected an object, got {kind}"))
-                continue
+    for number, record in jsonl_lines(path):
+        if isinstance(record, str):
+            problems.append(Problem(str(path), number, f"{record}; skipped"))
+        else:
             yield number, record
 
 
@@ -442,6 +434,88 @@ def attach_gold(trajectories: Sequence[Trajectory], gold: dict[str, Gold]) -> li
     return out
 
 
+@dataclass(frozen=True)
+class _PassagePool:
+    """The BM25 corpus of an import: every passage once by text (``docs``: doc_id -> (title,
+    document text), in first-seen order) and the doc_ids of each page (``by_page``)."""
+
+    docs: dict[str, tuple[str, str]]
+    by_page: dict[str, list[str]]
+
+    @classmethod
+    def of(cls, passages: Iterable[tuple[str, str]]) -> _PassagePool:
+        docs: dict[str, tuple[str, str]] = {}
+        for title, text in passages:
+            doc = document_text(title, text)
+            docs.setdefault(doc_id_of(doc), (title, doc))
+        by_page: dict[str, list[str]] = {}
+        for doc_id, (title, _) in docs.items():
+            by_page.setdefault(page_key(title), []).append(doc_id)
+        return cls(docs, by_page)
+
+
+def _candidates(
+    step: Step, bm25: dict[str, float], pool: _PassagePool, gold: set[str] | None
+) -> list[dict[str, Any]]:
+    """A search's candidates: the agent's documents in its order (once each), then the BM25
+    hits it did not return; ``relevance`` from the gold pages (None without gold)."""
+    candidates: dict[str, dict[str, Any]] = {}
+    for rank, (title, text) in enumerate(step.documents, start=1):
+        doc = document_text(title, text)
+        doc_id = doc_id_of(doc)
+        if doc_id in candidates:
+            continue
+        candidates[doc_id] = {
+            "doc_id": doc_id,
+            "text": doc,
+            "first_stage_score": bm25.get(doc_id),
+            "page": page_key(title),
+            "origin": "agent+bm25" if doc_id in bm25 else "agent",
+            "agent_rank": rank,
+        }
+    for doc_id, value in bm25.items():
+        if doc_id not in candidates:
+            title, doc = pool.docs[doc_id]
+            candidates[doc_id] = {
+                "doc_id": doc_id,
+                "text": doc,
+                "first_stage_score": value,
+                "page": page_key(title),
+                "origin": "bm25",
+                "agent_rank": None,
+            }
+    for c in candidates.values():
+        c["relevance"] = None if gold is None else int(c["page"] in gold)
+    return list(candidates.values())
+
+
+def _search_row(
+    t: Trajectory, number: int, step: Step, bm25: dict[str, float], pool: _PassagePool
+) -> dict[str, Any]:
+    """The ``TRACE_SEARCHES`` row of search ``number`` (1-based) of trajectory ``t``."""
+    gold = {page_key(x) for x in t.supporting_titles} if t.supporting_titles else None
+    supporting = None
+    if gold is not None:
+        supporting = [i for page in sorted(gold) for i in pool.by_page.get(page, [])]
+    return {
+        "search_id": f"{t.session_id}:s{number}",
+        "session_id": t.session_id,
+        "sub_query": step.query,
+        "question": t.question,
+        "reasoning": step.reasoning,
+        "candidates": _candidates(step, bm25, pool, gold),
+        "answer": t.answer,
+        "supporting_docs": supporting,
+        "judge_ok": t.judge_ok,
+        "agent": t.agent,
+        "question_id": t.question_id,
+        "step": number,
+        "supporting_titles": list(t.supporting_titles) if t.supporting_titles else None,
+        "supporting_pages": sorted(gold) if gold is not None else None,
+        "reasoning_source": "agent",
+    }
+
+
 def build_searches(
     trajectories: Sequence[Trajectory],
     extra_passages: Iterable[tuple[str, str]] = (),
@@ -454,75 +528,20 @@ def build_searches(
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    corpus: dict[str, tuple[str, str]] = {}  # doc_id -> (title, document text)
-    for title, text in [d for t in trajectories for s in t.steps for d in s.documents] + list(
-        extra_passages
-    ):
-        doc = document_text(title, text)
-        corpus.setdefault(doc_id_of(doc), (title, doc))
-    ids = list(corpus)
-    by_page: dict[str, list[str]] = {}
-    for doc_id, (title, _) in corpus.items():
-        by_page.setdefault(page_key(title), []).append(doc_id)
+    pool = _PassagePool.of(
+        [d for t in trajectories for s in t.steps for d in s.documents] + list(extra_passages)
+    )
+    ids = list(pool.docs)
     searches = [(t, step, s) for t in trajectories for step, s in enumerate(t.steps, start=1)]
     if not ids or not searches:
         return pa.Table.from_pylist([], schema=TRACE_SEARCHES), len(ids)
-    positions, scores = BM25Index([corpus[i][1] for i in ids]).search(
+    positions, scores = BM25Index([pool.docs[i][1] for i in ids]).search(
         [s.query for _, _, s in searches], k
     )
-    rows = []
-    for (t, step, s), pos, score in zip(searches, positions, scores, strict=True):
-        gold = {page_key(x) for x in t.supporting_titles} if t.supporting_titles else None
-        bm25 = {ids[p]: float(v) for p, v in zip(pos, score, strict=True)}
-        candidates: dict[str, dict[str, Any]] = {}
-        for rank, (title, text) in enumerate(s.documents, start=1):
-            doc = document_text(title, text)
-            doc_id = doc_id_of(doc)
-            if doc_id in candidates:
-                continue
-            candidates[doc_id] = {
-                "doc_id": doc_id,
-                "text": doc,
-                "first_stage_score": bm25.get(doc_id),
-                "page": page_key(title),
-                "origin": "agent+bm25" if doc_id in bm25 else "agent",
-                "agent_rank": rank,
-            }
-        for doc_id, value in bm25.items():
-            if doc_id not in candidates:
-                title, doc = corpus[doc_id]
-                candidates[doc_id] = {
-                    "doc_id": doc_id,
-                    "text": doc,
-                    "first_stage_score": value,
-                    "page": page_key(title),
-                    "origin": "bm25",
-                    "agent_rank": None,
-                }
-        for c in candidates.values():
-            c["relevance"] = None if gold is None else int(c["page"] in gold)
-        supporting = None
-        if gold is not None:
-            supporting = [i for page in sorted(gold) for i in by_page.get(page, [])]
-        rows.append(
-            {
-                "search_id": f"{t.session_id}:s{step}",
-                "session_id": t.session_id,
-                "sub_query": s.query,
-                "question": t.question,
-                "reasoning": s.reasoning,
-                "candidates": list(candidates.values()),
-                "answer": t.answer,
-                "supporting_docs": supporting,
-                "judge_ok": t.judge_ok,
-                "agent": t.agent,
-                "question_id": t.question_id,
-                "step": step,
-                "supporting_titles": list(t.supporting_titles) if t.supporting_titles else None,
-                "supporting_pages": sorted(gold) if gold is not None else None,
-                "reasoning_source": "agent",
-            }
-        )
+    rows = [
+        _search_row(t, step, s, {ids[p]: float(v) for p, v in zip(pos, score, strict=True)}, pool)
+        for (t, step, s), pos, score in zip(searches, positions, scores, strict=True)
+    ]
     return pa.Table.from_pylist(rows, schema=TRACE_SEARCHES), len(ids)
 
 

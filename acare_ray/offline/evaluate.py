@@ -36,8 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from acare_ray.fusion import FusionConfig, first_stage_ranks, fuse, ranked_run
-from acare_ray.fusion import resolve as resolve_fusion
+from acare_ray.fusion import FusionConfig, first_stage_ranks, fuse, ranked_run, resolve_fusion
 from acare_ray.metrics import (
     DEFAULT_MEASURES,
     bootstrap_ci,

@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from acare_ray.fusion import Fused, FusionConfig, fuse, resolve
+from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
 
 FiniteScore = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
@@ -82,7 +82,7 @@ class FirstStageFields(BaseModel):
                 f"first_stage_scores: has {len(self.first_stage_scores)} entries, expected "
                 f"{len(documents)} (one per item of {self.documents_field})"
             )
-        if not self.has_first_stage and resolve(self.fusion, None).enabled:
+        if not self.has_first_stage and resolve_fusion(self.fusion, None).enabled:
             raise ValueError(
                 f"fusion: {self.fusion!r} needs the first stage: send first_stage_scores or "
                 "first_stage_order: true"
@@ -98,7 +98,7 @@ class FirstStageFields(BaseModel):
         carries no first stage (answered as without these fields)."""
         if not self.has_first_stage:
             return None
-        return resolve(self.fusion, fitted)
+        return resolve_fusion(self.fusion, fitted)
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,19 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 import numpy as np
 from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from acare_ray.fusion import Fused, FusionConfig, fuse, resolve
+from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
 from acare_ray.online.api import AgentFields, relevance
 from acare_ray.online.first_stage import FusionSetting
 from acare_ray.online.service import ClientError, ScoringJob, Search
 from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
-from acare_ray.search.sessions import SessionLimits, SessionMemory
+from acare_ray.search.sessions import SessionLimits
 
 RunFn = Callable[[Search, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int]]]
 MAX_SESSION_ID = 256
@@ -88,22 +89,6 @@ class Sessions(Protocol):
     async def remember(self, client: str, session_id: str, doc_ids: list[str]) -> None: ...
 
     async def forget(self, client: str, session_id: str) -> bool: ...
-
-
-class LocalSessions:
-    """A :class:`SessionMemory` in this process (one replica, or tests)."""
-
-    def __init__(self, memory: SessionMemory | None = None) -> None:
-        self.memory = memory or SessionMemory()
-
-    async def seen(self, client: str, session_id: str) -> list[str]:
-        return self.memory.seen(client, session_id)
-
-    async def remember(self, client: str, session_id: str, doc_ids: list[str]) -> None:
-        self.memory.remember(client, session_id, doc_ids)
-
-    async def forget(self, client: str, session_id: str) -> bool:
-        return self.memory.forget(client, session_id)
 
 
 class HandleSessions:
@@ -227,101 +212,134 @@ def unseen_first(order: Sequence[int], doc_ids: Sequence[str], seen: set[str]) -
     return [i for i in order if doc_ids[i] not in seen] + [i for i in order if doc_ids[i] in seen]
 
 
-def search_routes(
-    first_stage: FirstStage,
-    sessions: Sessions,
-    settings: SearchSettings,
-    *,
-    max_documents: int,
-    client_of: Callable[[Request], str],
-    replica: str | None = None,
-    fitted_fusion: FusionConfig | None = None,
-) -> Callable[[FastAPI, RunFn], None]:
-    """A function that adds the search and session routes to an app built by
-    :func:`acare_ray.online.http.create_api` (which hands it its ``run``)."""
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
 
-    def add(api: FastAPI, run: RunFn) -> None:
+
+def _hits(
+    candidates: Sequence[Candidate],
+    scores: np.ndarray,
+    fused: Fused | None,
+    served: Sequence[int],
+    seen: set[str],
+) -> list[SearchHit]:
+    """The ``served`` candidates as response hits (``fused``: None when fusion is none)."""
+    probabilities = relevance(scores)
+    return [
+        SearchHit(
+            doc_id=candidates[i].doc_id,
+            title=candidates[i].title,
+            text=candidates[i].text,
+            score=float(scores[i]),
+            relevance_score=float(probabilities[i]),
+            first_stage_rank=candidates[i].rank,
+            first_stage_score=candidates[i].score,
+            fused_score=float(fused.values[i]) if fused is not None else None,
+            seen=candidates[i].doc_id in seen,
+        )
+        for i in served
+    ]
+
+
+def _rerank_request(body: SearchRequest, candidates: Sequence[Candidate]) -> Search:
+    """What the reranker scores for a search: its first stage's candidates in the agent's
+    context."""
+    return Search(
+        query=body.query,
+        documents=[c.rerank_text for c in candidates],
+        original_question=body.original_question,
+        reasoning=body.reasoning,
+        mode=body.mode,
+        max_tokens_per_doc=body.max_tokens_per_doc,
+        documents_field="first_stage",
+        instruction=body.instruction,
+    )
+
+
+@dataclass(frozen=True)
+class SearchRoutes:
+    """The search and session routes, added to an app by calling this with the app and the
+    ``run`` that :func:`acare_ray.online.http.create_api` hands it."""
+
+    first_stage: FirstStage
+    sessions: Sessions
+    settings: SearchSettings
+    _: KW_ONLY
+    max_documents: int
+    client_of: Callable[[Request], str]
+    replica: str | None = None
+    fitted_fusion: FusionConfig | None = None
+
+    def sizes(self, body: SearchRequest) -> tuple[int, int]:
+        """``(top_k, first_stage_k)`` of a request, its defaults filled in; ClientError when
+        either is over its bound."""
+        settings = self.settings
+        top_k = body.top_k or min(DEFAULT_TOP_K, settings.max_top_k)
+        if top_k > settings.max_top_k:
+            raise ClientError(422, "top_k", f"is {top_k}, at most {settings.max_top_k}")
+        k = body.first_stage_k or settings.first_stage_k
+        if k > self.max_documents:
+            raise ClientError(
+                413, "first_stage_k", f"is {k}, at most {self.max_documents} (max_documents)"
+            )
+        return top_k, k
+
+    async def search(
+        self, body: SearchRequest, request: Request, response: Response, run: RunFn
+    ) -> SearchResponse:
+        """First stage -> rerank with the agent's context -> unseen documents first."""
+        top_k, k = self.sizes(body)
+        client = self.client_of(request)
+        if self.replica:
+            response.headers["x-acare-replica"] = self.replica
+        started = time.perf_counter()
+        candidates = await asyncio.to_thread(self.first_stage.search, body.query, k)
+        first_ms = _ms_since(started)
+        started = time.perf_counter()
+        seen = set(body.seen_ids or ())
+        if body.session_id is not None:
+            seen.update(await self.sessions.seen(client, body.session_id))
+        session_ms = _ms_since(started)
+        started = time.perf_counter()
+        job, scores, tokens = await run(_rerank_request(body, candidates), request, response)
+        rerank_ms = _ms_since(started)
+        fusion = resolve_fusion(body.fusion, self.fitted_fusion)
+        fused = fuse_with_first_stage(candidates, scores, fusion)
+        response.headers["x-acare-fusion"] = fusion.label
+        doc_ids = [c.doc_id for c in candidates]
+        served = unseen_first([int(i) for i in fused.order], doc_ids, seen)[:top_k]
+        hits = _hits(candidates, scores, fused if fusion.enabled else None, served, seen)
+        if body.session_id is not None and hits:
+            started = time.perf_counter()
+            await self.sessions.remember(client, body.session_id, [h.doc_id for h in hits])
+            session_ms += _ms_since(started)
+        warnings = None
+        if job.truncated:
+            warnings = [f"{len(job.truncated)} candidates truncated to {job.limit} tokens"]
+        return SearchResponse(
+            id=str(uuid.uuid4()),
+            session_id=body.session_id,
+            mode=job.mode.value,
+            fusion=fusion.label,
+            results=hits,
+            usage=SearchUsage(
+                input_tokens=tokens,
+                first_stage=self.first_stage.name,
+                candidates=len(candidates),
+                first_stage_ms=round(first_ms, 3),
+                rerank_ms=round(rerank_ms, 3),
+                session_ms=round(session_ms, 3),
+            ),
+            warnings=warnings,
+        )
+
+    def __call__(self, api: FastAPI, run: RunFn) -> None:
+        sessions, client_of = self.sessions, self.client_of
+
         @api.post("/v1/search", response_model=SearchResponse, response_model_exclude_none=True)
         async def search(body: SearchRequest, request: Request, response: Response):
             """First stage -> rerank with the agent's context -> unseen documents first."""
-            top_k = body.top_k or min(DEFAULT_TOP_K, settings.max_top_k)
-            if top_k > settings.max_top_k:
-                raise ClientError(422, "top_k", f"is {top_k}, at most {settings.max_top_k}")
-            k = body.first_stage_k or settings.first_stage_k
-            if k > max_documents:
-                raise ClientError(
-                    413, "first_stage_k", f"is {k}, at most {max_documents} (max_documents)"
-                )
-            client = client_of(request)
-            if replica:
-                response.headers["x-acare-replica"] = replica
-            started = time.perf_counter()
-            candidates = await asyncio.to_thread(first_stage.search, body.query, k)
-            first_ms = (time.perf_counter() - started) * 1000
-            started = time.perf_counter()
-            seen = set(body.seen_ids or ())
-            if body.session_id is not None:
-                seen.update(await sessions.seen(client, body.session_id))
-            session_ms = (time.perf_counter() - started) * 1000
-            started = time.perf_counter()
-            job, scores, tokens = await run(
-                Search(
-                    query=body.query,
-                    documents=[c.rerank_text for c in candidates],
-                    original_question=body.original_question,
-                    reasoning=body.reasoning,
-                    mode=body.mode,
-                    max_tokens_per_doc=body.max_tokens_per_doc,
-                    documents_field="first_stage",
-                    instruction=body.instruction,
-                ),
-                request,
-                response,
-            )
-            rerank_ms = (time.perf_counter() - started) * 1000
-            fusion = resolve(body.fusion, fitted_fusion)
-            fused = fuse_with_first_stage(candidates, scores, fusion)
-            response.headers["x-acare-fusion"] = fusion.label
-            doc_ids = [c.doc_id for c in candidates]
-            served = unseen_first([int(i) for i in fused.order], doc_ids, seen)[:top_k]
-            probabilities = relevance(scores)
-            hits = [
-                SearchHit(
-                    doc_id=candidates[i].doc_id,
-                    title=candidates[i].title,
-                    text=candidates[i].text,
-                    score=float(scores[i]),
-                    relevance_score=float(probabilities[i]),
-                    first_stage_rank=candidates[i].rank,
-                    first_stage_score=candidates[i].score,
-                    fused_score=float(fused.values[i]) if fusion.enabled else None,
-                    seen=candidates[i].doc_id in seen,
-                )
-                for i in served
-            ]
-            if body.session_id is not None and hits:
-                started = time.perf_counter()
-                await sessions.remember(client, body.session_id, [h.doc_id for h in hits])
-                session_ms += (time.perf_counter() - started) * 1000
-            warnings = None
-            if job.truncated:
-                warnings = [f"{len(job.truncated)} candidates truncated to {job.limit} tokens"]
-            return SearchResponse(
-                id=str(uuid.uuid4()),
-                session_id=body.session_id,
-                mode=job.mode.value,
-                fusion=fusion.label,
-                results=hits,
-                usage=SearchUsage(
-                    input_tokens=tokens,
-                    first_stage=first_stage.name,
-                    candidates=len(candidates),
-                    first_stage_ms=round(first_ms, 3),
-                    rerank_ms=round(rerank_ms, 3),
-                    session_ms=round(session_ms, 3),
-                ),
-                warnings=warnings,
-            )
+            return await self.search(body, request, response, run)
 
         session_path = Path(min_length=1, max_length=MAX_SESSION_ID)
 
@@ -338,4 +356,6 @@ def search_routes(
             deleted = await sessions.forget(client_of(request), session_id)
             return ForgetResponse(session_id=session_id, deleted=deleted)
 
-    return add
+
+# The name the app builders call: SearchRoutes(...) is the function that adds the routes.
+search_routes = SearchRoutes

@@ -6,7 +6,7 @@ Bounds: a session unused for ``ttl_s`` is forgotten; a client keeps at most
 ``max_sessions_per_client`` sessions (the least recently used goes first); at most
 ``max_clients`` clients are kept (likewise); a session remembers at most ``max_seen`` ids (the
 oldest go first). Pure Python and single-threaded; in Serve one
-:class:`acare_ray.search.api.SessionStore` replica holds it for every replica of the app
+:class:`acare_ray.search.store.SessionStore` replica holds it for every replica of the app
 (docs/agents.md says why).
 """
 
@@ -113,3 +113,19 @@ class SessionMemory:
             "clients": len(self._clients),
             "sessions": sum(len(s) for s in self._clients.values()),
         }
+
+
+class LocalSessions:
+    """A :class:`SessionMemory` in this process (one replica, or tests)."""
+
+    def __init__(self, memory: SessionMemory | None = None) -> None:
+        self.memory = memory or SessionMemory()
+
+    async def seen(self, client: str, session_id: str) -> list[str]:
+        return self.memory.seen(client, session_id)
+
+    async def remember(self, client: str, session_id: str, doc_ids: list[str]) -> None:
+        self.memory.remember(client, session_id, doc_ids)
+
+    async def forget(self, client: str, session_id: str) -> bool:
+        return self.memory.forget(client, session_id)

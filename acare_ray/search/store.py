@@ -14,24 +14,16 @@ from typing import Any
 
 from ray import serve
 
-from acare_ray.search.sessions import SessionLimits, SessionMemory
+from acare_ray.search.sessions import LocalSessions, SessionLimits, SessionMemory
 
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
-class SessionStore:
-    """A :class:`SessionMemory` (its methods run on the replica's event loop, one at a time)."""
+class SessionStore(LocalSessions):
+    """A :class:`SessionMemory` (its methods, those of :class:`LocalSessions`, run on the
+    replica's event loop, one at a time)."""
 
     def __init__(self, limits: dict[str, Any]) -> None:
-        self.memory = SessionMemory(SessionLimits(**limits))
-
-    async def seen(self, client: str, session_id: str) -> list[str]:
-        return self.memory.seen(client, session_id)
-
-    async def remember(self, client: str, session_id: str, doc_ids: list[str]) -> None:
-        self.memory.remember(client, session_id, doc_ids)
-
-    async def forget(self, client: str, session_id: str) -> bool:
-        return self.memory.forget(client, session_id)
+        super().__init__(SessionMemory(SessionLimits(**limits)))
 
     async def counts(self) -> dict[str, int]:
         return self.memory.counts()

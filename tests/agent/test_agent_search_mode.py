@@ -60,7 +60,9 @@ def test_the_agent_keeps_the_unseen_hits_and_the_session_ends_with_the_task():
     assert [s.returned for s in result.searches] == [("b",), ("a",)]
     assert result.solved and result.n_searches == 2
     assert [r.session_id for r in server.requests] == ["s-q1", "s-q1"]
-    assert {(r.top_k, r.first_stage_k, r.question) for r in server.requests} == {(2, 100, "Q?")}
+    assert {(r.top_k, r.first_stage_k, r.original_question) for r in server.requests} == {
+        (2, 100, "Q?")
+    }
     assert server.ended == ["s-q1"]
     first = result.searches[0]
     assert (first.first_stage_s, first.rerank_s, first.session_s, first.tokens) == (

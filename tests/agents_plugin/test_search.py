@@ -18,10 +18,10 @@ from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.http import Scored, client_of, create_api
 from acare_ray.online.service import ClientError, Limits, RerankService
 from acare_ray.scoring import AgentContext, rank_order
-from acare_ray.search.api import LocalSessions, SearchSettings, search_routes
+from acare_ray.search.api import SearchSettings, search_routes
 from acare_ray.search.first_stage import BM25FirstStage, HttpFirstStage
 from acare_ray.search.index import document_text
-from acare_ray.search.sessions import SessionLimits, SessionMemory
+from acare_ray.search.sessions import LocalSessions, SessionLimits, SessionMemory
 
 QUERY = "capital population"
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
