@@ -22,6 +22,7 @@ prompt at once (the official recipe).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -70,17 +71,11 @@ class InertTokenizer:
                 f"{type(tokenizer).__name__} is not a fast (Rust) tokenizer; acare_ray needs one "
                 "to keep special tokens out of untrusted text"
             )
-        spec = json.loads(backend.to_str())
-        self.control: dict[str, int] = {t["content"]: t["id"] for t in spec["added_tokens"]}
+        control, self.plain, self._split = _inert_parts(backend.to_str())
+        self.control: dict[str, int] = dict(control)
         self.control_ids: frozenset[int] = frozenset(self.control.values()) | frozenset(
             getattr(tokenizer, "all_special_ids", ())
         )
-        spec["added_tokens"] = []
-        spec["truncation"] = None
-        spec["padding"] = None
-        self.plain = Tokenizer.from_str(json.dumps(spec))
-        names = sorted(self.control, key=len, reverse=True)
-        self._split = re.compile("|".join(map(re.escape, names))) if names else None
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each untrusted text, markers tokenized as ordinary characters."""
@@ -137,6 +132,25 @@ class InertTokenizer:
                 f"but the tokenizer gives {expected}"
             )
         return ids
+
+
+@functools.lru_cache(maxsize=8)
+def _inert_parts(
+    spec_json: str,
+) -> tuple[tuple[tuple[str, int], ...], Tokenizer, re.Pattern[str] | None]:
+    """The added tokens, the tokenizer without them and the pattern that finds them, for one
+    serialized tokenizer. Building them parses and rebuilds the whole tokenizer, which is slow for
+    a large vocabulary, so every scorer, encoder and replica in a process that loads the same
+    tokenizer shares one
+    (the Rust tokenizer is read-only once built)."""
+    spec = json.loads(spec_json)
+    control = tuple((t["content"], t["id"]) for t in spec["added_tokens"])
+    spec["added_tokens"] = []
+    spec["truncation"] = None
+    spec["padding"] = None
+    names = sorted((name for name, _ in control), key=len, reverse=True)
+    split = re.compile("|".join(map(re.escape, names))) if names else None
+    return control, Tokenizer.from_str(json.dumps(spec)), split
 
 
 def cut_ids(ids: Sequence[int], limit: int, keep_end: bool = False) -> tuple[int, ...] | None:
