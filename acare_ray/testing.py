@@ -28,6 +28,8 @@ __all__ = [
     "LocalRayCluster",
     "build_random_qwen3",
     "fixture_path",
+    "free_port",
+    "free_ports",
     "model_config_path",
     "qwen3_tokenizer_dir",
 ]
@@ -104,7 +106,12 @@ def build_random_qwen3(
     return out
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 at the time of the call.
+
+    All ``n`` sockets are held open together, so the ports differ; they are closed before
+    returning, so another process may take one before the caller binds it (rare on one host).
+    """
     sockets, ports = [], []
     for _ in range(n):
         s = socket.socket()
@@ -114,6 +121,11 @@ def _free_ports(n: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 at the time of the call (see :func:`free_ports`)."""
+    return free_ports(1)[0]
 
 
 # Tolerate ~3 minutes of missed node health checks (Ray's defaults: 10 s timeout, 5 misses).
@@ -163,7 +175,7 @@ class LocalRayCluster:
         self.env.update(HEALTH_CHECK_ENV)
 
     def _node_flags(self, index: int) -> list[str]:
-        ports = _free_ports(len(self._NODE_PORTS))
+        ports = free_ports(len(self._NODE_PORTS))
         flags = [f"--{name}={port}" for name, port in zip(self._NODE_PORTS, ports)]
         if index == 0:
             self.metrics_port = ports[self._NODE_PORTS.index("metrics-export-port")]
@@ -184,7 +196,7 @@ class LocalRayCluster:
 
     def start(self) -> LocalRayCluster:
         self.temp = Path(tempfile.mkdtemp(prefix="acare-cluster-", dir="/tmp"))
-        gcs, dashboard = _free_ports(2)
+        gcs, dashboard = free_ports(2)
         head = ["start", "--head", f"--port={gcs}", f"--num-cpus={self.head_cpus}"]
         head += ["--include-dashboard=true", f"--dashboard-port={dashboard}"]
         head += [f"--temp-dir={self.temp}", *self._node_flags(0)]

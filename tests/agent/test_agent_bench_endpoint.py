@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,9 @@ from acare_ray.agent.simulate import run_sessions
 from acare_ray.agent.tasks import build_tasks, select_records
 from acare_ray.data.io import data_dir
 from acare_ray.fusion import FusionConfig
+from acare_ray.testing import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from agents_support import CORPUS
 from scipy.special import expit
 
 from acare_ray.context import AgentContext
+from acare_ray.testing import free_port
 
 # docs/agents.md section 7, run by tests/agent/test_agent_bench_endpoint.py.
 AGENT_BENCH_COMMANDS = [
@@ -41,12 +41,6 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 QUERY = "capital of Velmoria population"
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
 REASONING = "Anna Berg was born in Velmoria; I need its capital's population."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def doc_blocks(language: str) -> list[str]:

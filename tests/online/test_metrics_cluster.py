@@ -29,7 +29,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from acare_ray.online.metrics import SERVE_METRICS, exported_names
-from acare_ray.testing import LocalRayCluster
+from acare_ray.testing import LocalRayCluster, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +42,6 @@ EXPORT_DEADLINE_S = 240
 DOCUMENTS = ["Ostrava is the capital of Velmoria.", "Paris.", "Velmoria is a small country."]
 LONG = "word " * 200
 FULL = {"original_question": "Where is Ostrava?", "reasoning": "It is a capital city."}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_config(model: Path, port: int) -> dict:

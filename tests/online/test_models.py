@@ -15,7 +15,6 @@ import copy
 import json
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from acare_ray.online.http import Scored, create_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import ClientError, RerankService
 from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
-from acare_ray.testing import build_random_qwen3
+from acare_ray.testing import build_random_qwen3, free_port
 from acare_ray.training.checkpoint import write_fusion
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,12 +127,6 @@ def test_a_checkpoint_refitted_in_place_gets_a_new_version(tiny_qwen3_copy):
 
 
 # --- the Serve app ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

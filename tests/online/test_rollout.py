@@ -18,7 +18,6 @@ recording transport keeps every attempt's status and ``x-acare-model-version``.
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections import Counter
@@ -31,7 +30,7 @@ import yaml
 
 from acare_ray.client import AcareClient, AcareError
 from acare_ray.online.models import ModelSource, checkpoint_version
-from acare_ray.testing import build_random_qwen3
+from acare_ray.testing import build_random_qwen3, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -44,12 +43,6 @@ DOCUMENTS = [
 ]
 BODY = {"query": "capital population", "documents": DOCUMENTS, "top_n": 3}
 VERSION_HEADER = "x-acare-model-version"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_config(model: Path, port: int) -> dict:

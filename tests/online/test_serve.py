@@ -44,6 +44,7 @@ from scipy.special import expit
 from acare_ray.context import AgentContext, Mode
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
+from acare_ray.testing import free_port
 from acare_ray.training.checkpoint import read_fusion, write_fusion
 
 pytestmark = pytest.mark.slow
@@ -82,12 +83,6 @@ DOCUMENTS = [
 ]
 FULL = AgentContext(QUERY, question=QUESTION, reasoning=REASONING)
 FITTED = FusionConfig("linear", alpha=0.3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_config(checkpoint: Path, port: int) -> dict:
