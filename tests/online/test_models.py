@@ -15,7 +15,6 @@ import copy
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 import cohere
@@ -34,7 +33,7 @@ from acare_ray.online.http import Scored, create_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import ClientError, RerankService
 from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
-from acare_ray.testing import build_random_qwen3, free_port
+from acare_ray.testing import build_random_qwen3, deploy_serve_config, free_port
 from acare_ray.training.checkpoint import write_fusion
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,33 +167,12 @@ def make_config(checkpoints: dict[str, Path], port: int, max_resident: int) -> d
     return config
 
 
-def deploy(config: dict, timeout_s: float = 300) -> None:
-    """Deploy a Serve config the way ``serve run`` / ``serve deploy`` do; wait until healthy."""
-    from ray import serve
-    from ray.serve._private.api import serve_start
-    from ray.serve.schema import ServeDeploySchema
-
-    client = serve_start(
-        http_options=config["http_options"], proxy_location=config["proxy_location"]
-    )
-    client.deploy_apps(ServeDeploySchema.model_validate(config))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        app = serve.status().applications.get("models")
-        if app is not None:
-            assert app.status != "DEPLOY_FAILED", app.message
-            if app.status == "RUNNING" and app.deployments["Reranker"].status == "HEALTHY":
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"app not running after {timeout_s}s")
-
-
 @pytest.fixture(scope="module")
 def served(ray_local, checkpoints):
     from ray import serve
 
     config = make_config(checkpoints, free_port(), max_resident=2)
-    deploy(config)
+    deploy_serve_config(config)
     yield {"base": f"http://127.0.0.1:{config['http_options']['port']}", "config": config}
     serve.shutdown()
 
@@ -358,7 +336,7 @@ def test_with_one_resident_model_alternating_requests_each_get_their_model(
     (app,) = config["applications"]
     app["args"]["max_resident_models"] = 1
     app["deployments"][0]["user_config"]["batch_wait_timeout_s"] = 0.005
-    deploy(config)
+    deploy_serve_config(config)
     with httpx.Client(base_url=served["base"], timeout=120) as http:
         status = http.get("/v1/status").json()["models"]
         assert status["max_resident"] == 1 and status["resident"] == ["base"]

@@ -30,7 +30,7 @@ import yaml
 
 from acare_ray.client import AcareClient, AcareError
 from acare_ray.online.models import ModelSource, checkpoint_version
-from acare_ray.testing import build_random_qwen3, free_port
+from acare_ray.testing import build_random_qwen3, free_port, submit_serve_config
 
 pytestmark = pytest.mark.slow
 
@@ -93,18 +93,6 @@ def wait_healthy(replicas: int, timeout_s: float = 300) -> None:
                 return
         time.sleep(0.5)
     raise TimeoutError(f"not healthy with {replicas} replicas after {timeout_s}s: {app_status()}")
-
-
-def deploy(config: dict) -> None:
-    """What ``serve deploy`` does with a config file: submit it to the Serve controller (an
-    in-place update when the app exists already)."""
-    from ray.serve._private.api import serve_start
-    from ray.serve.schema import ServeDeploySchema
-
-    client = serve_start(
-        http_options=config["http_options"], proxy_location=config["proxy_location"]
-    )
-    client.deploy_apps(ServeDeploySchema.model_validate(config))
 
 
 class Recording(httpx.HTTPTransport):
@@ -209,7 +197,7 @@ def served(ray_local, checkpoints):
     from ray import serve
 
     config = make_config(checkpoints["A"], free_port())
-    deploy(config)
+    submit_serve_config(config)
     wait_healthy(REPLICAS)
     yield {"base": f"http://127.0.0.1:{config['http_options']['port']}", "config": config}
     serve.shutdown()
@@ -231,7 +219,7 @@ def test_a_rollout_under_load_loses_no_request_and_switches_every_answer_to_the_
         clients.wait_for(20)
         switch_started = time.monotonic()
         config["applications"][0]["args"]["model"] = str(checkpoints["B"])
-        deploy(config)
+        submit_serve_config(config)
         wait_unhealthy(REPLICAS)  # the update has begun: old replicas stopping, new starting
         wait_healthy(REPLICAS)
         switched = time.monotonic()

@@ -44,7 +44,7 @@ from scipy.special import expit
 from acare_ray.context import AgentContext, Mode
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scorer import ACARE_CONFIG_FILE, Scorer
-from acare_ray.testing import free_port
+from acare_ray.testing import deploy_serve_config, free_port
 from acare_ray.training.checkpoint import read_fusion, write_fusion
 
 pytestmark = pytest.mark.slow
@@ -171,31 +171,6 @@ def make_config(checkpoint: Path, port: int) -> dict:
     return config
 
 
-def deploy(config: dict, timeout_s: float = 300) -> None:
-    """Deploy a Serve config the way ``serve run <config>`` / ``serve deploy`` do; wait until up."""
-    from ray import serve
-    from ray.serve._private.api import serve_start
-    from ray.serve.schema import ServeDeploySchema
-
-    client = serve_start(
-        http_options=config["http_options"], proxy_location=config["proxy_location"]
-    )
-    client.deploy_apps(ServeDeploySchema.model_validate(config))
-    names = {app["name"] for app in config["applications"]}
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        apps = serve.status().applications
-        states = {name: apps[name].status if name in apps else "NOT_STARTED" for name in names}
-        failed = [n for n, s in states.items() if s == "DEPLOY_FAILED"]
-        assert not failed, f"deploy failed: {[apps[n].message for n in failed]}"
-        if set(states.values()) == {"RUNNING"} and all(
-            apps[n].deployments["Reranker"].status == "HEALTHY" for n in names
-        ):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"apps not running after {timeout_s}s: {states}")
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tiny_qwen3_dir, tiny_scorer, tmp_path_factory) -> Path:
     """The tiny model as the trainer saves it: HF weights + tokenizer + ``acare.json``, with a
@@ -216,7 +191,7 @@ def served(ray_local, checkpoint):
     from ray import serve
 
     config = make_config(checkpoint, free_port())
-    deploy(config)
+    deploy_serve_config(config)
     base = f"http://127.0.0.1:{config['http_options']['port']}"
     yield {"base": base, "config": config}
     serve.shutdown()
@@ -656,7 +631,7 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
         "max_batch_tokens": 1_000_000,
     }
     try:
-        deploy(config)
+        deploy_serve_config(config)
         health = http.get("/v1/status").json()
         assert health["batching"] == deployment["user_config"]
         assert health["replica"] == before["replica"], "user_config must not restart the replica"
@@ -679,7 +654,7 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
         assert http.get("/v1/status").json()["batches"]["largest"] == max(sizes)
     finally:
         deployment["user_config"] = original
-        deploy(config)
+        deploy_serve_config(config)
 
 
 def test_the_app_serves_a_trainer_checkpoint_directory(http, checkpoint, scorer):
