@@ -22,6 +22,7 @@ the same config path ``serve run <config>`` and ``serve deploy`` take:
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import copy
 import json
@@ -686,10 +687,34 @@ def doc_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
-def test_the_documented_python_example_runs(served, capsys):
+def test_the_documented_python_example_runs(served, scorer, capsys):
+    """The example prints the ``top_n`` best documents, best first, each with the relevance the
+    model gives it under the full context of the request (it used to be checked for printing
+    two lines only, whatever they held)."""
     (code,) = doc_blocks("python")
-    exec(compile(code.replace("http://localhost:8000", served["base"]), "online.md", "exec"), {})
-    assert len(capsys.readouterr().out.splitlines()) == 2
+    namespace: dict = {}
+    exec(
+        compile(code.replace("http://localhost:8000", served["base"]), "online.md", "exec"),
+        namespace,
+    )
+    call = next(
+        node
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "rerank"
+    )
+    args = {k.arg: k.value for k in call.keywords}
+    extra = ast.literal_eval(args["request_options"])["additional_body_parameters"]
+    documents, top_n = namespace["documents"], ast.literal_eval(args["top_n"])
+    context = AgentContext(
+        ast.literal_eval(args["query"]),
+        question=extra["original_question"],
+        reasoning=extra["reasoning"],
+    )
+    want = expected(scorer, context, documents, Mode.M3)
+    best = np.argsort(-want, kind="stable")[:top_n]
+    printed = [line.split("  ", 1) for line in capsys.readouterr().out.splitlines()]
+    assert [text for _, text in printed] == [documents[i] for i in best]
+    np.testing.assert_allclose([float(score) for score, _ in printed], expit(want[best]), atol=6e-4)
 
 
 def test_the_documented_curl_requests_succeed(http):
