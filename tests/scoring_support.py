@@ -1,5 +1,6 @@
-"""What the exactness tests of the causal scorer share: a search with the full agent context,
-documents of very different lengths, and the official recipe they are checked against."""
+"""What the scoring tests share: a search with the full agent context, documents of very
+different lengths, the official recipe the causal scorer is checked against, and the short
+candidates the online tests send."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from acare_ray.context import AgentContext
 
-CONTEXT = AgentContext(
-    "capital population",
-    question="What is the population of the capital of the country where Anna Berg was born?",
-    reasoning="Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population.",
+QUERY = "capital population"
+QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
+REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
+CONTEXT = AgentContext(QUERY, question=QUESTION, reasoning=REASONING)
+# Four short candidates of that search, for the online tests (each adds its own).
+CAPITAL_DOCUMENTS = (
+    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
+    "Paris is the capital of France.",
+    "Anna Berg is a singer from Velmoria.",
+    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
 )
 DOCUMENTS = [
     "Ostrava is the capital of Velmoria and has a population of 1.2 million.",

@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from online_support import local_serve_config
 from pydantic import ValidationError
 from scipy.special import expit
+from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 
 from acare_ray.context import AgentContext
 from acare_ray.fusion import FusionConfig
@@ -41,14 +43,7 @@ NAMES = ("base", "acare-ft", "acare-ft-musique")
 BATCH = 6
 BATCH_WAIT_S = 2.0
 FITTED = FusionConfig("linear", alpha=0.3)
-QUERY = "capital population"
-REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
-DOCUMENTS = [
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-    "Paris is the capital of France.",
-    "Anna Berg is a singer from Velmoria.",
-    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
-]
+DOCUMENTS = list(CAPITAL_DOCUMENTS)
 CONTEXT = AgentContext(QUERY, reasoning=REASONING)
 BODY = {"query": QUERY, "documents": DOCUMENTS, "reasoning": REASONING}
 
@@ -150,10 +145,8 @@ def expected(scorer: Scorer) -> np.ndarray:
 
 
 def make_config(checkpoints: dict[str, Path], port: int, max_resident: int) -> dict:
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (app,) = config["applications"]
-    app.update(name="models", route_prefix="/")
+    # The documented catalog below takes the place of the single ``model``.
+    config, app = local_serve_config("", port, "models")
     documented = documented_models()
     documented["models"] = {
         name: {"model": str(checkpoints[name])} for name in documented["models"]
@@ -162,7 +155,6 @@ def make_config(checkpoints: dict[str, Path], port: int, max_resident: int) -> d
     app["args"] = args | documented | {"max_resident_models": max_resident}
     app["args"].update(api_key_env=None, allow_unauthenticated=True)
     (deployment,) = app["deployments"]
-    deployment["ray_actor_options"] = {"num_cpus": 0.5}
     deployment["user_config"].update(max_batch_size=BATCH, batch_wait_timeout_s=BATCH_WAIT_S)
     return config
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
+from online_support import local_serve_config
 
 from acare_ray.client import AcareClient, AcareError
 from acare_ray.online.models import ModelSource, checkpoint_version
@@ -46,14 +46,8 @@ VERSION_HEADER = "x-acare-model-version"
 
 
 def make_config(model: Path, port: int) -> dict:
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (app,) = config["applications"]
-    app.update(name=APP, route_prefix="/")
-    app["args"].update(model=str(model), api_key_env=None, allow_unauthenticated=True)
-    (deployment,) = app["deployments"]
-    deployment["num_replicas"] = REPLICAS
-    deployment["ray_actor_options"] = {"num_cpus": 0.5}
+    config, app = local_serve_config(model, port, APP)
+    app["deployments"][0]["num_replicas"] = REPLICAS
     return config
 
 

@@ -39,8 +39,9 @@ import cohere
 import httpx
 import numpy as np
 import pytest
-import yaml
+from online_support import local_serve_config
 from scipy.special import expit
+from scoring_support import CAPITAL_DOCUMENTS, CONTEXT, QUERY, QUESTION, REASONING
 
 from acare_ray.context import AgentContext, Mode
 from acare_ray.fusion import FusionConfig, fuse
@@ -71,35 +72,19 @@ CANCEL_FORWARD_TOKENS = 128
 CANCEL_DOCUMENTS = 100
 CANCEL_DOCUMENT_BYTES = 800
 
-QUERY = "capital population"
-QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
-REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
 DOCUMENTS = [
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-    "Paris is the capital of France.",
-    "Anna Berg is a singer from Velmoria.",
-    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
+    *CAPITAL_DOCUMENTS,
     "Population statistics for capitals in Europe vary widely.",
     "Velmoria is a small country.",
 ]
-FULL = AgentContext(QUERY, question=QUESTION, reasoning=REASONING)
+FULL = CONTEXT
 FITTED = FusionConfig("linear", alpha=0.3)
 
 
 def make_config(checkpoint: Path, port: int) -> dict:
     """serve_configs/local.yaml with the test model, port, limits, and the guarded app added."""
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (main,) = config["applications"]
-    main.update(name="main", route_prefix="/")
-    main["args"].update(
-        model=str(checkpoint),
-        max_documents=MAX_DOCUMENTS,
-        max_body_bytes=MAX_BODY_BYTES,
-        api_key_env=None,
-        allow_unauthenticated=True,
-    )
-    main["deployments"][0]["ray_actor_options"] = {"num_cpus": 0.5}
+    config, main = local_serve_config(checkpoint, port, "main")
+    main["args"].update(max_documents=MAX_DOCUMENTS, max_body_bytes=MAX_BODY_BYTES)
     guarded = copy.deepcopy(main)
     guarded.update(
         name="guarded",
