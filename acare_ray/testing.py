@@ -30,6 +30,7 @@ __all__ = [
     "build_random_qwen3",
     "deploy_serve_config",
     "fixture_path",
+    "json_stub_server",
     "free_port",
     "free_ports",
     "model_config_path",
@@ -194,6 +195,44 @@ def wait_for_health(
         "acare serve",
         timeout_s,
     )
+
+
+@contextlib.contextmanager
+def json_stub_server(
+    answer: Callable[[str, Any], tuple[int, Any, Mapping[str, str]]],
+) -> Iterator[str]:
+    """A stand-in JSON server (stdlib, a thread, a free local port); yields its base URL.
+
+    Every POST gets ``answer(path, parsed JSON body)``, which returns ``(status, JSON payload,
+    extra headers)``. The server is shut down on exit.
+    """
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, payload, headers = answer(self.path, body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def submit_serve_config(config: dict[str, Any]) -> None:
