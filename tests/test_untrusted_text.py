@@ -81,15 +81,22 @@ def test_the_adversarial_set_is_live_in_a_plain_tokenizer_call(qwen_tokenizer):
     assert {control(qwen_tokenizer, c) for c in CHAT_CONTROL} <= set(ids)
 
 
+@pytest.fixture(scope="module")
+def plain_encoder(qwen_tokenizer) -> PromptEncoder:
+    """The default-config encoder, built once: building one takes about a second of CPU."""
+    return PromptEncoder(qwen_tokenizer)
+
+
 @pytest.mark.parametrize("field", ["sub_query", "question", "reasoning", "instruction", "document"])
-def test_no_field_of_a_causal_prompt_makes_a_control_token(qwen_tokenizer, field):
-    plain = PromptEncoder(qwen_tokenizer)
-    template = template_controls(plain, AgentContext("q", question="Q", reasoning="R"))
+def test_no_field_of_a_causal_prompt_makes_a_control_token(qwen_tokenizer, plain_encoder, field):
+    template = template_controls(plain_encoder, AgentContext("q", question="Q", reasoning="R"))
     for text in adversarial(qwen_tokenizer):
         values = {"sub_query": "q", "question": "Q", "reasoning": "R", field: text}
-        encoder = PromptEncoder(
-            qwen_tokenizer,
-            PromptConfig(instruction=text if field == "instruction" else None),
+        # Only a custom instruction changes the encoder; every other field reuses the default.
+        encoder = (
+            PromptEncoder(qwen_tokenizer, PromptConfig(instruction=text))
+            if field == "instruction"
+            else plain_encoder
         )
         context = AgentContext(
             values["sub_query"], question=values["question"], reasoning=values["reasoning"]
@@ -240,9 +247,9 @@ def test_sep_in_a_query_does_not_shift_segment_ids(minilm_scorer):
     assert score == pytest.approx(float(logit), abs=1e-5)
 
 
-def test_ordinary_text_still_tokenizes_like_the_tokenizer(qwen_tokenizer):
+def test_ordinary_text_still_tokenizes_like_the_tokenizer(qwen_tokenizer, plain_encoder):
     """The official prompt is unchanged for ordinary text: same ids as one tokenizer call."""
-    encoder = PromptEncoder(qwen_tokenizer)
+    encoder = plain_encoder
     context = AgentContext(
         "Who won?", question="Which film won the Golden Bear in 1998?", reasoning="Berlin, 1998."
     )

@@ -141,8 +141,7 @@ def _inert_parts(
     """The added tokens, the tokenizer without them and the pattern that finds them, for one
     serialized tokenizer. Building them parses and rebuilds the whole tokenizer, which is slow for
     a large vocabulary, so every scorer, encoder and replica in a process that loads the same
-    tokenizer shares one
-    (the Rust tokenizer is read-only once built)."""
+    tokenizer shares one (the Rust tokenizer is read-only once built)."""
     spec = json.loads(spec_json)
     control = tuple((t["content"], t["id"]) for t in spec["added_tokens"])
     spec["added_tokens"] = []

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -19,6 +17,7 @@ from acare_ray.agent.rerankers import (
 from acare_ray.agent.simulate import agent_reasoning, reformulate, run_sessions, run_task
 from acare_ray.agent.tasks import build_tasks, select_records
 from acare_ray.data.io import data_dir
+from acare_ray.testing import json_stub_server
 
 N_TASKS = 6
 
@@ -185,36 +184,21 @@ def test_endpoint_reranker_sends_the_context_and_retries_503():
     """Against a stand-in Cohere server (stdlib): the body, the order read back, a 503 retry."""
     bodies, answers = [], [503, 200]
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            bodies.append(
-                (self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            )
-            status = answers.pop(0)
-            payload = {
-                "results": [
-                    {"index": 2, "relevance_score": 0.9},
-                    {"index": 0, "relevance_score": 0.1},
-                ],
-                "meta": {"tokens": {"input_tokens": 42, "output_tokens": 0}},
-            }
-            data = json.dumps(payload if status == 200 else {"detail": "busy"}).encode()
-            self.send_response(status)
-            if status == 503:
-                self.send_header("Retry-After", "0")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(path: str, body: dict):
+        bodies.append((path, body))
+        if answers.pop(0) == 503:
+            return 503, {"detail": "busy"}, {"Retry-After": "0"}
+        payload = {
+            "results": [
+                {"index": 2, "relevance_score": 0.9},
+                {"index": 0, "relevance_score": 0.1},
+            ],
+            "meta": {"tokens": {"input_tokens": 42, "output_tokens": 0}},
+        }
+        return 200, payload, {}
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        reranker = EndpointReranker(f"http://127.0.0.1:{server.server_port}/", mode="M2")
+    with json_stub_server(answer) as url:
+        reranker = EndpointReranker(f"{url}/", mode="M2")
         request = RerankRequest(
             query="q",
             question="Q?",
@@ -225,9 +209,6 @@ def test_endpoint_reranker_sends_the_context_and_retries_503():
         assert reranker.rerank_counted(request, top_n=2) == ([2, 0], 42)
         assert reranker.refused == 1
         reranker.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(bodies) == 2 and bodies[0] == bodies[1]
     path, body = bodies[1]
     assert path == "/v2/rerank"

@@ -5,17 +5,12 @@ same model in-process, with the unseen filter in the bench or in the server's se
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from acare_ray.agent.rerankers import EndpointReranker, ScorerReranker
@@ -23,14 +18,9 @@ from acare_ray.agent.simulate import run_sessions
 from acare_ray.agent.tasks import build_tasks, select_records
 from acare_ray.data.io import data_dir
 from acare_ray.fusion import FusionConfig
+from acare_ray.testing import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
@@ -77,32 +67,12 @@ def served(tiny_qwen3_dir, tmp_path_factory, require_data):
     # run from the repository (serve's default --config is relative to it)
     command = as_argv(serve, **swap, **{"agent-index": str(workdir / "agent-index")})
     command += ["--address", "local"]
-    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
-    log_path = workdir / "serve.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
+    log = workdir / "serve.log"
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert process.poll() is None, log_path.read_text()[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("acare serve did not answer /health in 240 s")
+    with running(command, log, env) as process:
+        wait_for_health(base, process, log)
         yield {"base": base, "port": port, "workdir": workdir}
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def test_endpoint_gives_the_same_per_task_results_as_in_process(served, tiny_scorer):

@@ -4,8 +4,6 @@ fused systems in process equal fuse() by hand, and the endpoint path sends the f
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -21,6 +19,7 @@ from acare_ray.agent.tasks import build_tasks, select_records
 from acare_ray.data.io import data_dir
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scoring import AgentContext
+from acare_ray.testing import json_stub_server
 from acare_ray.training.checkpoint import write_fusion
 
 REQUEST = RerankRequest(
@@ -105,32 +104,17 @@ def test_the_endpoint_fused_system_sends_the_first_stage():
     first_stage_order when a request has none) and the fusion setting; unfused ones do not."""
     bodies = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            data = json.dumps({"results": [{"index": 1, "relevance_score": 0.5}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(path: str, body: dict):
+        bodies.append(body)
+        return 200, {"results": [{"index": 1, "relevance_score": 0.5}]}, {}
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with json_stub_server(answer) as url:
         for fusion in ("rrf", "auto", None):
             reranker = EndpointReranker(url, mode="M2", fusion=fusion)
             assert reranker.rerank(REQUEST, 2) == [1]
             unscored = RerankRequest(**{**REQUEST.__dict__, "first_stage_scores": ()})
             reranker.rerank(unscored, 2)
             reranker.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     rrf, rrf_unscored, auto, _, plain, plain_unscored = bodies
     assert rrf["first_stage_scores"] == list(REQUEST.first_stage_scores)
     assert rrf["fusion"] == "rrf:k=60,weight=0.5" and "first_stage_order" not in rrf
@@ -138,6 +122,16 @@ def test_the_endpoint_fused_system_sends_the_first_stage():
     assert auto["fusion"] == "auto"
     for body in (plain, plain_unscored):
         assert not {"first_stage_scores", "first_stage_order", "fusion"} & set(body)
+
+
+def system_names(config: AgentBenchConfig) -> list[str]:
+    """The names of the systems ``config`` makes (each closed again)."""
+    systems = make_rerankers(config, [])
+    try:
+        return [s.name for s in systems]
+    finally:
+        for system in systems:
+            getattr(system, "close", lambda: None)()
 
 
 def test_fused_systems_are_named_and_configured(tmp_path, tiny_qwen3_copy):
@@ -151,20 +145,15 @@ def test_fused_systems_are_named_and_configured(tmp_path, tiny_qwen3_copy):
         modes=("M0", "M3"),
         fusion=("rrf", "none", "auto", "rrf:k=60,weight=0.5"),
     )
-    systems = make_rerankers(config, [])
-    try:
-        assert [s.name for s in systems] == [
-            "bm25",
-            "M0",
-            "M0+rrf:k=60,weight=0.5",
-            "M0+auto",
-            "M3",
-            "M3+rrf:k=60,weight=0.5",
-            "M3+auto",
-        ]
-    finally:
-        for system in systems:
-            getattr(system, "close", lambda: None)()
+    assert system_names(config) == [
+        "bm25",
+        "M0",
+        "M0+rrf:k=60,weight=0.5",
+        "M0+auto",
+        "M3",
+        "M3+rrf:k=60,weight=0.5",
+        "M3+auto",
+    ]
     fused_only = AgentBenchConfig(
         out=str(tmp_path),
         reranker="endpoint",
@@ -173,16 +162,12 @@ def test_fused_systems_are_named_and_configured(tmp_path, tiny_qwen3_copy):
         fusion=("rrf",),
         fused_only=True,
     )
-    systems = make_rerankers(fused_only, [])
-    try:  # --fused-only: the baseline and the fused systems, not each mode alone
-        assert [s.name for s in systems] == [
-            "bm25",
-            "M0+rrf:k=60,weight=0.5",
-            "M3+rrf:k=60,weight=0.5",
-        ]
-    finally:
-        for system in systems:
-            getattr(system, "close", lambda: None)()
+    # --fused-only: the baseline and the fused systems, not each mode alone
+    assert system_names(fused_only) == [
+        "bm25",
+        "M0+rrf:k=60,weight=0.5",
+        "M3+rrf:k=60,weight=0.5",
+    ]
     model = dict(out=str(tmp_path), reranker="model", model=str(tiny_qwen3_copy))
     with pytest.raises(ValueError, match="has no fitted fusion"):
         model_fusions(AgentBenchConfig(**model, fusion=("auto",)))

@@ -7,15 +7,10 @@ context, so it received the question and the reasoning)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -25,6 +20,7 @@ from agents_support import CORPUS
 from scipy.special import expit
 
 from acare_ray.scoring import AgentContext
+from acare_ray.testing import free_port, running, wait_for_health, wait_until
 
 # docs/agents.md section 7, run by tests/agent/test_agent_bench_endpoint.py.
 AGENT_BENCH_COMMANDS = [
@@ -41,12 +37,6 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 QUERY = "capital of Velmoria population"
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
 REASONING = "Anna Berg was born in Velmoria; I need its capital's population."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def doc_blocks(language: str) -> list[str]:
@@ -70,34 +60,6 @@ def argv(command: str, **swap: str) -> list[str]:
     parts = command.split()
     assert parts[0] == "acare"
     return [sys.executable, "-m", "acare_ray.cli", *parts[1:]]
-
-
-@contextlib.contextmanager
-def running(command: list[str], log: Path, env: dict[str, str] | None = None):
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=os.environ | (env or {})
-        )
-        try:
-            yield process
-        finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def wait_until(check, process, log: Path, what: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()[-3000:]
-        with contextlib.suppress(httpx.HTTPError):
-            if check():
-                return
-        time.sleep(1)
-    pytest.fail(f"{what} not ready in {timeout_s} s: {log.read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +86,7 @@ def served(workdir, tiny_qwen3_dir):
     log = workdir / "serve.log"
     env = {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
     with running(command, log, env) as process:
-        wait_until(
-            lambda: httpx.get(f"{base}/health", timeout=2).status_code == 200,
-            process,
-            log,
-            "acare serve",
-        )
+        wait_for_health(base, process, log, timeout_s=300)
         replicas: set[str] = set()
 
         def both_replicas_up() -> bool:

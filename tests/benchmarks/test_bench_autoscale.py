@@ -4,15 +4,14 @@ what they read from a timeline, and the autoscaling config's admission window (i
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from benchmarks_import import benchmark_modules
 from ray.serve.schema import ServeDeploySchema
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = REPO / "benchmarks"
 CONFIG = REPO / "serve_configs" / "cpu-autoscale.yaml"
 # A MiniLM replica's start on a loaded core, the bench's `replica_start_s` (see docs/online.md).
 MINILM_REPLICA_START_S = 15.0
@@ -20,14 +19,8 @@ MINILM_REPLICA_START_S = 15.0
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import bench_autoscale
-        import bench_rollout
-
-        yield bench_autoscale, bench_rollout
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_modules("bench_autoscale", "bench_rollout") as modules:
+        yield modules
 
 
 def reranker(config: dict) -> dict:

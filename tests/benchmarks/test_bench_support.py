@@ -3,23 +3,15 @@ record, and a memory breakdown that names the processes it measured."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmarks_import import BENCHMARKS, benchmark_modules
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import bench_offline
-        import bench_offline_scale
-
-        yield bench_offline, bench_offline_scale
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_modules("bench_offline", "bench_offline_scale") as modules:
+        yield modules
 
 
 def test_recorded_command_keeps_no_machine_path(bench):

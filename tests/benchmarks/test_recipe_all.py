@@ -3,28 +3,21 @@ it publishes (checked against a hand computation on a small report)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from benchmarks_import import BENCHMARKS, benchmark_modules
 
 from acare_ray.data.io import write_parquet
 from acare_ray.metrics import holm_bonferroni, paired_randomization_test
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def recipe():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import recipe_all
-
+    with benchmark_modules("recipe_all") as (recipe_all,):
         yield recipe_all
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_by_questions_holds_whole_questions_out_and_repeats(recipe):

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import cohere
-import httpx
 import pytest
 
+from acare_ray.testing import free_port, running, wait_for_health
+
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, tmp_path):
@@ -36,22 +27,11 @@ def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, 
         "--address",
         "local",
     ]
-    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
-    log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
+    log = tmp_path / "serve.log"
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("acare serve did not answer /health in 240 s")
+    with running(command, log, env) as process:
+        wait_for_health(base, process, log)
         co = cohere.ClientV2(api_key="unused", base_url=base)
         response = co.rerank(
             model="acare",
@@ -61,20 +41,11 @@ def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, 
         )
         assert sorted(r.index for r in response.results) == [0, 1]
         assert response.meta.mode == "M1"
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def test_the_default_config_is_found_from_any_directory(tmp_path):
     """Issue 22: `acare serve` used a config path relative to the repository root, so it failed
     from any other directory."""
-    import subprocess
     import sys
 
     import yaml

@@ -36,8 +36,18 @@ def deployments(config: dict):
             yield app, deployment
 
 
-def test_both_configs_exist():
+def test_acare_serve_without_config_serves_local_yaml_on_cpu(capsys):
+    """``acare serve`` with no ``--config`` deploys ``serve_configs/local.yaml`` as written, and
+    that config runs on a machine without a GPU; ``gpu.yaml`` sits beside it. (This used to
+    check only that the two files exist.)"""
     assert {p.name for p in CONFIGS} >= {"local.yaml", "gpu.yaml"}
+    assert main(["serve", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    local = load(REPO / "serve_configs" / "local.yaml")
+    assert printed == local
+    for app, deployment in deployments(local):
+        assert app["args"]["device"] == "cpu"
+        assert not deployment.get("ray_actor_options", {}).get("num_gpus")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

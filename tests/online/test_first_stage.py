@@ -17,23 +17,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from scipy.special import expit
+from scoring_support import CAPITAL_DOCUMENTS, QUERY, QUESTION, REASONING
 
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.service import RerankService, Search
 
-QUERY = "capital population"
-QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
-REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
 # The last document repeats the first: equal scores, so the tie rule shows.
-DOCUMENTS = [
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-    "Paris is the capital of France.",
-    "Anna Berg is a singer from Velmoria.",
-    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
-    "Velmoria is a small country.",
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-]
+DOCUMENTS = [*CAPITAL_DOCUMENTS, "Velmoria is a small country.", CAPITAL_DOCUMENTS[0]]
 FIRST_STAGE = [12.5, 3.0, None, 7.25, 9.0, 1.0]
 # What a checkpoint may have fitted: requests without a first stage must not notice it.
 FITTED = [None, FusionConfig("rrf", k=60, weight=0.3), FusionConfig("linear", alpha=0.2)]

@@ -26,10 +26,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from online_support import local_serve_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from acare_ray.online.metrics import SERVE_METRICS, exported_names
-from acare_ray.testing import LocalRayCluster
+from acare_ray.testing import LocalRayCluster, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -44,23 +45,9 @@ LONG = "word " * 200
 FULL = {"original_question": "Where is Ostrava?", "reasoning": "It is a capital city."}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_config(model: Path, port: int) -> dict:
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (main,) = config["applications"]
-    main.update(name="main", route_prefix="/")
-    main["args"].update(
-        model=str(model), served_model_name=MAIN, api_key_env=None, allow_unauthenticated=True
-    )
-    main["deployments"][0]["ray_actor_options"] = {"num_cpus": 0.5}
+    config, main = local_serve_config(model, port, "main")
+    main["args"]["served_model_name"] = MAIN
     main["deployments"][0]["user_config"]["max_batch_tokens"] = MAX_BATCH_TOKENS
     slow = copy.deepcopy(main)
     slow.update(name="slow", route_prefix="/slow")

@@ -15,8 +15,6 @@ import copy
 import json
 import re
 import shutil
-import socket
-import time
 from pathlib import Path
 
 import cohere
@@ -25,8 +23,10 @@ import numpy as np
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from online_support import local_serve_config
 from pydantic import ValidationError
 from scipy.special import expit
+from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.deployment import AppArgs
@@ -34,7 +34,7 @@ from acare_ray.online.http import Scored, create_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import ClientError, RerankService
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Scorer
-from acare_ray.testing import build_random_qwen3
+from acare_ray.testing import build_random_qwen3, deploy_serve_config, free_port
 from acare_ray.training.checkpoint import write_fusion
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,14 +42,7 @@ NAMES = ("base", "acare-ft", "acare-ft-musique")
 BATCH = 6
 BATCH_WAIT_S = 2.0
 FITTED = FusionConfig("linear", alpha=0.3)
-QUERY = "capital population"
-REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
-DOCUMENTS = [
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-    "Paris is the capital of France.",
-    "Anna Berg is a singer from Velmoria.",
-    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
-]
+DOCUMENTS = list(CAPITAL_DOCUMENTS)
 CONTEXT = AgentContext(QUERY, reasoning=REASONING)
 BODY = {"query": QUERY, "documents": DOCUMENTS, "reasoning": REASONING}
 
@@ -129,12 +122,6 @@ def test_a_checkpoint_refitted_in_place_gets_a_new_version(tiny_qwen3_copy):
 # --- the Serve app ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tiny_qwen3_dir, tiny_scorer, tmp_path_factory) -> dict[str, Path]:
     """Three checkpoints with different random weights; ``acare-ft`` has a fitted fusion."""
@@ -157,10 +144,8 @@ def expected(scorer: Scorer) -> np.ndarray:
 
 
 def make_config(checkpoints: dict[str, Path], port: int, max_resident: int) -> dict:
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (app,) = config["applications"]
-    app.update(name="models", route_prefix="/")
+    # The documented catalog below takes the place of the single ``model``.
+    config, app = local_serve_config("", port, "models")
     documented = documented_models()
     documented["models"] = {
         name: {"model": str(checkpoints[name])} for name in documented["models"]
@@ -169,30 +154,8 @@ def make_config(checkpoints: dict[str, Path], port: int, max_resident: int) -> d
     app["args"] = args | documented | {"max_resident_models": max_resident}
     app["args"].update(api_key_env=None, allow_unauthenticated=True)
     (deployment,) = app["deployments"]
-    deployment["ray_actor_options"] = {"num_cpus": 0.5}
     deployment["user_config"].update(max_batch_size=BATCH, batch_wait_timeout_s=BATCH_WAIT_S)
     return config
-
-
-def deploy(config: dict, timeout_s: float = 300) -> None:
-    """Deploy a Serve config the way ``serve run`` / ``serve deploy`` do; wait until healthy."""
-    from ray import serve
-    from ray.serve._private.api import serve_start
-    from ray.serve.schema import ServeDeploySchema
-
-    client = serve_start(
-        http_options=config["http_options"], proxy_location=config["proxy_location"]
-    )
-    client.deploy_apps(ServeDeploySchema.model_validate(config))
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        app = serve.status().applications.get("models")
-        if app is not None:
-            assert app.status != "DEPLOY_FAILED", app.message
-            if app.status == "RUNNING" and app.deployments["Reranker"].status == "HEALTHY":
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"app not running after {timeout_s}s")
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +163,7 @@ def served(ray_local, checkpoints):
     from ray import serve
 
     config = make_config(checkpoints, free_port(), max_resident=2)
-    deploy(config)
+    deploy_serve_config(config)
     yield {"base": f"http://127.0.0.1:{config['http_options']['port']}", "config": config}
     serve.shutdown()
 
@@ -364,7 +327,7 @@ def test_with_one_resident_model_alternating_requests_each_get_their_model(
     (app,) = config["applications"]
     app["args"]["max_resident_models"] = 1
     app["deployments"][0]["user_config"]["batch_wait_timeout_s"] = 0.005
-    deploy(config)
+    deploy_serve_config(config)
     with httpx.Client(base_url=served["base"], timeout=120) as http:
         status = http.get("/v1/status").json()["models"]
         assert status["max_resident"] == 1 and status["resident"] == ["base"]

@@ -18,7 +18,6 @@ recording transport keeps every attempt's status and ``x-acare-model-version``.
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections import Counter
@@ -27,11 +26,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
+from online_support import local_serve_config
 
 from acare_ray.client import AcareClient, AcareError
 from acare_ray.online.models import ModelSource, checkpoint_version
-from acare_ray.testing import build_random_qwen3
+from acare_ray.testing import build_random_qwen3, free_port, submit_serve_config
 
 pytestmark = pytest.mark.slow
 
@@ -46,21 +45,9 @@ BODY = {"query": "capital population", "documents": DOCUMENTS, "top_n": 3}
 VERSION_HEADER = "x-acare-model-version"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_config(model: Path, port: int) -> dict:
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (app,) = config["applications"]
-    app.update(name=APP, route_prefix="/")
-    app["args"].update(model=str(model), api_key_env=None, allow_unauthenticated=True)
-    (deployment,) = app["deployments"]
-    deployment["num_replicas"] = REPLICAS
-    deployment["ray_actor_options"] = {"num_cpus": 0.5}
+    config, app = local_serve_config(model, port, APP)
+    app["deployments"][0]["num_replicas"] = REPLICAS
     return config
 
 
@@ -100,18 +87,6 @@ def wait_healthy(replicas: int, timeout_s: float = 300) -> None:
                 return
         time.sleep(0.5)
     raise TimeoutError(f"not healthy with {replicas} replicas after {timeout_s}s: {app_status()}")
-
-
-def deploy(config: dict) -> None:
-    """What ``serve deploy`` does with a config file: submit it to the Serve controller (an
-    in-place update when the app exists already)."""
-    from ray.serve._private.api import serve_start
-    from ray.serve.schema import ServeDeploySchema
-
-    client = serve_start(
-        http_options=config["http_options"], proxy_location=config["proxy_location"]
-    )
-    client.deploy_apps(ServeDeploySchema.model_validate(config))
 
 
 class Recording(httpx.HTTPTransport):
@@ -216,7 +191,7 @@ def served(ray_local, checkpoints):
     from ray import serve
 
     config = make_config(checkpoints["A"], free_port())
-    deploy(config)
+    submit_serve_config(config)
     wait_healthy(REPLICAS)
     yield {"base": f"http://127.0.0.1:{config['http_options']['port']}", "config": config}
     serve.shutdown()
@@ -238,7 +213,7 @@ def test_a_rollout_under_load_loses_no_request_and_switches_every_answer_to_the_
         clients.wait_for(20)
         switch_started = time.monotonic()
         config["applications"][0]["args"]["model"] = str(checkpoints["B"])
-        deploy(config)
+        submit_serve_config(config)
         wait_unhealthy(REPLICAS)  # the update has begun: old replicas stopping, new starting
         wait_healthy(REPLICAS)
         switched = time.monotonic()

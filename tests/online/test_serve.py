@@ -22,6 +22,7 @@ the same config path ``serve run <config>`` and ``serve deploy`` take:
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import copy
 import json
@@ -38,11 +39,13 @@ import cohere
 import httpx
 import numpy as np
 import pytest
-import yaml
+from online_support import local_serve_config
 from scipy.special import expit
+from scoring_support import CAPITAL_DOCUMENTS, CONTEXT, QUERY, QUESTION, REASONING
 
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Mode, Scorer
+from acare_ray.testing import deploy_serve_config, free_port
 from acare_ray.training.checkpoint import read_fusion, write_fusion
 
 pytestmark = pytest.mark.slow
@@ -68,41 +71,19 @@ CANCEL_FORWARD_TOKENS = 128
 CANCEL_DOCUMENTS = 100
 CANCEL_DOCUMENT_BYTES = 800
 
-QUERY = "capital population"
-QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
-REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
 DOCUMENTS = [
-    "Ostrava is the capital of Velmoria and has a population of 1.2 million.",
-    "Paris is the capital of France.",
-    "Anna Berg is a singer from Velmoria.",
-    "The capital of Zandor, Quell, counts 300,000 inhabitants.",
+    *CAPITAL_DOCUMENTS,
     "Population statistics for capitals in Europe vary widely.",
     "Velmoria is a small country.",
 ]
-FULL = AgentContext(QUERY, question=QUESTION, reasoning=REASONING)
+FULL = CONTEXT
 FITTED = FusionConfig("linear", alpha=0.3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_config(checkpoint: Path, port: int) -> dict:
     """serve_configs/local.yaml with the test model, port, limits, and the guarded app added."""
-    config = yaml.safe_load((REPO / "serve_configs" / "local.yaml").read_text())
-    config["http_options"].update(host="127.0.0.1", port=port)
-    (main,) = config["applications"]
-    main.update(name="main", route_prefix="/")
-    main["args"].update(
-        model=str(checkpoint),
-        max_documents=MAX_DOCUMENTS,
-        max_body_bytes=MAX_BODY_BYTES,
-        api_key_env=None,
-        allow_unauthenticated=True,
-    )
-    main["deployments"][0]["ray_actor_options"] = {"num_cpus": 0.5}
+    config, main = local_serve_config(checkpoint, port, "main")
+    main["args"].update(max_documents=MAX_DOCUMENTS, max_body_bytes=MAX_BODY_BYTES)
     guarded = copy.deepcopy(main)
     guarded.update(
         name="guarded",
@@ -175,31 +156,6 @@ def make_config(checkpoint: Path, port: int) -> dict:
     return config
 
 
-def deploy(config: dict, timeout_s: float = 300) -> None:
-    """Deploy a Serve config the way ``serve run <config>`` / ``serve deploy`` do; wait until up."""
-    from ray import serve
-    from ray.serve._private.api import serve_start
-    from ray.serve.schema import ServeDeploySchema
-
-    client = serve_start(
-        http_options=config["http_options"], proxy_location=config["proxy_location"]
-    )
-    client.deploy_apps(ServeDeploySchema.model_validate(config))
-    names = {app["name"] for app in config["applications"]}
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        apps = serve.status().applications
-        states = {name: apps[name].status if name in apps else "NOT_STARTED" for name in names}
-        failed = [n for n, s in states.items() if s == "DEPLOY_FAILED"]
-        assert not failed, f"deploy failed: {[apps[n].message for n in failed]}"
-        if set(states.values()) == {"RUNNING"} and all(
-            apps[n].deployments["Reranker"].status == "HEALTHY" for n in names
-        ):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"apps not running after {timeout_s}s: {states}")
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tiny_qwen3_dir, tiny_scorer, tmp_path_factory) -> Path:
     """The tiny model as the trainer saves it: HF weights + tokenizer + ``acare.json``, with a
@@ -220,7 +176,7 @@ def served(ray_local, checkpoint):
     from ray import serve
 
     config = make_config(checkpoint, free_port())
-    deploy(config)
+    deploy_serve_config(config)
     base = f"http://127.0.0.1:{config['http_options']['port']}"
     yield {"base": base, "config": config}
     serve.shutdown()
@@ -660,7 +616,7 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
         "max_batch_tokens": 1_000_000,
     }
     try:
-        deploy(config)
+        deploy_serve_config(config)
         health = http.get("/v1/status").json()
         assert health["batching"] == deployment["user_config"]
         assert health["replica"] == before["replica"], "user_config must not restart the replica"
@@ -683,7 +639,7 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
         assert http.get("/v1/status").json()["batches"]["largest"] == max(sizes)
     finally:
         deployment["user_config"] = original
-        deploy(config)
+        deploy_serve_config(config)
 
 
 def test_the_app_serves_a_trainer_checkpoint_directory(http, checkpoint, scorer):
@@ -715,10 +671,34 @@ def doc_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
-def test_the_documented_python_example_runs(served, capsys):
+def test_the_documented_python_example_runs(served, scorer, capsys):
+    """The example prints the ``top_n`` best documents, best first, each with the relevance the
+    model gives it under the full context of the request (it used to be checked for printing
+    two lines only, whatever they held)."""
     (code,) = doc_blocks("python")
-    exec(compile(code.replace("http://localhost:8000", served["base"]), "online.md", "exec"), {})
-    assert len(capsys.readouterr().out.splitlines()) == 2
+    namespace: dict = {}
+    exec(
+        compile(code.replace("http://localhost:8000", served["base"]), "online.md", "exec"),
+        namespace,
+    )
+    call = next(
+        node
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "rerank"
+    )
+    args = {k.arg: k.value for k in call.keywords}
+    extra = ast.literal_eval(args["request_options"])["additional_body_parameters"]
+    documents, top_n = namespace["documents"], ast.literal_eval(args["top_n"])
+    context = AgentContext(
+        ast.literal_eval(args["query"]),
+        question=extra["original_question"],
+        reasoning=extra["reasoning"],
+    )
+    want = expected(scorer, context, documents, Mode.M3)
+    best = np.argsort(-want, kind="stable")[:top_n]
+    printed = [line.split("  ", 1) for line in capsys.readouterr().out.splitlines()]
+    assert [text for _, text in printed] == [documents[i] for i in best]
+    np.testing.assert_allclose([float(score) for score, _ in printed], expit(want[best]), atol=6e-4)
 
 
 def test_the_documented_curl_requests_succeed(http):
