@@ -603,8 +603,6 @@ class Reranker:
             pending.cancelled.set()
             if not pending.started:
                 self._release(pending)
-        if isinstance(result, ValueError):
-            raise ClientError(422, "documents", str(result))
         if isinstance(result, Exception):
             raise result
         return result

@@ -71,6 +71,7 @@ from acare_ray.online.service import (
     ScoringJob,
     Search,
     bounded,
+    scoring_refusal,
 )
 
 CREATED = int(time.time())
@@ -374,7 +375,10 @@ def create_api(
             response.headers["x-acare-tokens"] = "0"
             return job, np.empty(0, dtype=np.float32), 0
         client = request.scope.get("state", {}).get(CLIENT_STATE, "anonymous")
-        scored = await (served.score or score)(job, client)
+        try:
+            scored = await (served.score or score)(job, client)
+        except ValueError as err:  # the scorer refused the job: the client's field, as sent
+            raise scoring_refusal(search, err) from None
         tokens = await asyncio.to_thread(service.tokens_scored, job)
         response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
         response.headers["x-acare-tokens"] = str(tokens)
