@@ -50,7 +50,7 @@ from acare_ray.metrics import (
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
 from acare_ray.offline.report import format_table, write_chart, write_markdown
-from acare_ray.offline.resume import resolve
+from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.session_eval import (
     load_column,
     load_sessions,
@@ -132,7 +132,7 @@ def texts(array: pa.Array | pa.ChunkedArray) -> list[str | None]:
 def load_qrels(path: str) -> dict[str, dict[str, int]]:
     """``{search_id: {doc_id: relevance}}`` from the candidates' labels (unjudged left out),
     streaming the input in batches and reading only ids and labels from the candidate lists."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     qrels: dict[str, dict[str, int]] = {}
     for batch in dataset.to_batches(columns=["search_id", "candidates"]):
@@ -155,7 +155,7 @@ FirstStage = dict[str, tuple[list[str], list, list, list]]
 def load_first_stage(path: str) -> FirstStage:
     """``{search_id: (doc_ids, first_stage_scores, first_stage_ranks, agent_ranks)}`` in
     candidate order (None where a candidate lacks the value), streamed from the input."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     fields = {f.name for f in dataset.schema.field("candidates").type.value_type}
     out: FirstStage = {}
@@ -228,7 +228,7 @@ def load_runs(
 ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, int]]:
     """``{mode: {search_id: {doc_id: score}}}`` (raw scores) of the rows scored without error,
     and the number of error rows per mode."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     runs: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in modes}
     errored = dict.fromkeys(modes, 0)
@@ -288,7 +288,7 @@ def compare_modes(
 
 def _input_notes(path: str) -> dict[str, Any]:
     """``acare.*`` entries of the input's schema metadata (e.g. BM25 recall of the open set)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     metadata = pads.dataset(inner, filesystem=fs, format="parquet").schema.metadata or {}
     notes = {}
     for key, value in metadata.items():

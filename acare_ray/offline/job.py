@@ -24,8 +24,8 @@ from acare_ray.offline.resume import (
     new_run_id,
     part_files,
     prepare_output,
-    resolve,
     skip_written,
+    storage_paths,
     tally,
     unwritten_rows,
 )
@@ -183,7 +183,7 @@ def ray_session(address: str | None = None) -> Iterator[None]:
 
 def count_rows(path: str) -> int:
     """Rows of a Parquet file or folder, from the footers."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     return pads.dataset(inner, filesystem=fs, format="parquet").count_rows()
 
 
@@ -193,7 +193,7 @@ JOB_INPUT = SEARCHES.append(pa.field("supporting_titles", pa.list_(pa.string()))
 
 def input_columns(path: str, wanted: pa.Schema = JOB_INPUT) -> list[str]:
     """The columns of ``wanted`` the input has (others are not read)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     names = set(pads.dataset(inner, filesystem=fs, format="parquet").schema.names)
     return [name for name in wanted.names if name in names]
 
@@ -221,7 +221,7 @@ def run_job(
     """
     started = time.perf_counter()
     rows_in = count_rows(input_path)
-    fs, root, _ = resolve(output)
+    fs, root, _ = storage_paths(output)
     run_id = new_run_id()
     with OutputLock(fs, root, run_id):
         state = prepare_output(
@@ -268,7 +268,7 @@ def _write(
 ) -> None:
     """read -> skip written -> blocks of ``BATCHES_PER_BLOCK`` batches -> actor pool -> write,
     streaming into ``state``'s folder (within the pool's object-store budget, if it has one)."""
-    _, _, ray_input = resolve(input_path)
+    _, _, ray_input = storage_paths(input_path)
     with store_budget(pool.store_budget_bytes):
         _stream(ray_input, input_columns(input_path), state, actor, actor_kwargs, pool)
 

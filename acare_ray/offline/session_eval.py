@@ -28,7 +28,7 @@ from acare_ray.metrics import (
     paired_bootstrap_test,
     paired_randomization_test,
 )
-from acare_ray.offline.resume import resolve
+from acare_ray.offline.resume import storage_paths
 from acare_ray.sessions import SessionSearch, replay_session, session_means
 
 
@@ -44,7 +44,7 @@ class SessionData:
 
 def load_sessions(path: str, group_by: str | None = None) -> SessionData:
     """Read what the replay needs from a searches Parquet (see the module docstring)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     names = set(dataset.schema.names)
     if "session_id" not in names:
@@ -230,7 +230,7 @@ def session_section(
 
 def load_column(path: str, column: str) -> dict[str, str]:
     """``{search_id: str(value)}`` of one input column (e.g. the ``group_by`` column)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     if column not in dataset.schema.names:
         raise ValueError(f"{path}: group_by column {column!r} is not in the input")

@@ -400,7 +400,7 @@ def create_api(
 
     async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
         default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
-        name = router.catalog.resolve(body.model, header_model(request.headers))
+        name = router.catalog.name_for(body.model, header_model(request.headers))
         served, job, scores, tokens = await run_on(name, body.search(default), request, response)
         return cohere_response(
             body,
@@ -424,7 +424,7 @@ def create_api(
     async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
         """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
         tokens scored are in the `x-acare-tokens` header."""
-        name = router.catalog.resolve(None, header_model(request.headers))
+        name = router.catalog.name_for(None, header_model(request.headers))
         served, _, scores, _ = await run_on(name, body.search(), request, response)
         return tei_response(body, scores, fused(body, scores, response, served))
 
