@@ -18,7 +18,7 @@ import pyarrow.dataset as pads
 
 from acare_ray.data.groups import ok_groups
 from acare_ray.offline.actor import RelabelActor
-from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.score import LABELER_INSTRUCTION, NEGATIVES_FROM
 from acare_ray.schema import TRAINING_GROUPS
@@ -75,17 +75,17 @@ def run(config: RelabelConfig) -> JobCounts:
         "keep_failed": config.keep_failed,
     }
     with ray_session(config.ray_address):
-        return run_job(
-            "relabel",
-            config.input,
-            config.output,
-            RelabelActor,
-            {"model": config.model, "scorer_options": options, **labels},
-            config.pool,
+        job = Job(
+            name="relabel",
+            input=config.input,
+            output=config.output,
+            actor=RelabelActor,
+            actor_kwargs={"model": config.model, "scorer_options": options, **labels},
             manifest={"model": config.model, "scorer": options, **labels},
-            retry_errors=config.retry_errors,
             key_column="status",
+            retry_errors=config.retry_errors,
         )
+        return run_job(job, config.pool)
 
 
 def read_relabel_groups(path: str) -> pa.Table:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from acare_ray.context import Mode, parse_mode
 from acare_ray.fusion import FusionConfig, resolve
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.training.checkpoint import read_fusion
 
 
@@ -61,19 +61,18 @@ def run(config: RerankConfig) -> JobCounts:
     # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
     fused = {"fusion": fusion.label} if fusion.enabled else {}
     with ray_session(config.ray_address):
-        return run_job(
-            "rerank",
-            config.input,
-            config.output,
-            ScorerActor,
-            {
+        job = Job(
+            name="rerank",
+            input=config.input,
+            output=config.output,
+            actor=ScorerActor,
+            actor_kwargs={
                 "model": config.model,
                 "modes": (mode,),
                 "top_k": config.top_k,
                 "scorer_options": options,
                 "fusion": fusion.as_dict() if fusion.enabled else None,
             },
-            config.pool,
             manifest={
                 "model": config.model,
                 "modes": [mode],
@@ -81,6 +80,7 @@ def run(config: RerankConfig) -> JobCounts:
                 "scorer": options,
                 **fused,
             },
-            retry_errors=config.retry_errors,
             key_column="mode",
+            retry_errors=config.retry_errors,
         )
+        return run_job(job, config.pool)

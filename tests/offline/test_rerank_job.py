@@ -24,7 +24,7 @@ from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES
 from acare_ray.offline import resume
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, ScorerSettings, run_job
+from acare_ray.offline.job import ActorPool, Job, ScorerSettings, run_job
 from acare_ray.offline.lock import LOCK_FILE, OutputLock
 from acare_ray.offline.rerank import RerankConfig, run
 from acare_ray.offline.resume import MANIFEST, part_files, storage_paths
@@ -175,16 +175,16 @@ def test_the_job_runs_within_its_object_store_budget_and_restores_the_limits(
     marker = tmp_path / "budget"
     pool = ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100, object_store_mb=1)
     kwargs = {"model": str(tiny_qwen3_dir), "modes": ("M0",), "scorer_options": SETTINGS.options()}
-    run_job(
-        "rerank",
-        str(path),
-        str(tmp_path / "out"),
-        BudgetSpy,
-        {"marker": str(marker), **kwargs},
-        pool,
+    job = Job(
+        name="rerank",
+        input=str(path),
+        output=str(tmp_path / "out"),
+        actor=BudgetSpy,
+        actor_kwargs={"marker": str(marker), **kwargs},
         manifest={"test": "budget"},
         key_column="mode",
     )
+    run_job(job, pool)
     assert float(marker.read_text()) == 2**20  # object_store_mb=1
     ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
     assert sorted(ids) == sorted(r["search_id"] for r in rows)
@@ -197,21 +197,21 @@ def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
 ):
     path, rows, errors = mixed_searches
     marker = tmp_path / "killed"
-    counts = run_job(
-        "rerank",
-        str(path),
-        str(tmp_path / "out"),
-        KillOnce,
-        {
+    job = Job(
+        name="rerank",
+        input=str(path),
+        output=str(tmp_path / "out"),
+        actor=KillOnce,
+        actor_kwargs={
             "marker": str(marker),
             "model": str(tiny_qwen3_dir),
             "modes": ("M0",),
             "scorer_options": SETTINGS.options(),
         },
-        ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100),
         manifest={"test": "kill"},
         key_column="mode",
     )
+    counts = run_job(job, ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100))
     assert marker.exists()
     ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
     assert sorted(ids) == sorted(r["search_id"] for r in rows)
