@@ -392,10 +392,10 @@ def _score(config: EvalConfig, rerank_dir: str) -> JobCounts:
     """The rerank job scoring every input search in every mode into ``rerank_dir``."""
     options = config.scorer.options()
     job = Job(
-        name="eval",
-        input=config.input,
-        output=rerank_dir,
-        actor=ScorerActor,
+        "eval",
+        config.input,
+        rerank_dir,
+        ScorerActor,
         actor_kwargs={"model": config.model, "modes": config.modes, "scorer_options": options},
         manifest={"model": config.model, "modes": list(config.modes), "scorer": options},
         key_column="mode",

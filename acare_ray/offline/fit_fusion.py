@@ -61,20 +61,16 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
     out = Path(config.work_dir)
     rerank_dir = str(out / "rerank")
     options = config.scorer.options()
+    job = Job(
+        "fit-fusion",
+        config.input,
+        rerank_dir,
+        ScorerActor,
+        actor_kwargs={"model": config.model, "modes": (config.mode,), "scorer_options": options},
+        manifest={"model": config.model, "modes": [config.mode], "scorer": options},
+        key_column="mode",
+    )
     with ray_session(config.ray_address):
-        job = Job(
-            name="fit-fusion",
-            input=config.input,
-            output=rerank_dir,
-            actor=ScorerActor,
-            actor_kwargs={
-                "model": config.model,
-                "modes": (config.mode,),
-                "scorer_options": options,
-            },
-            manifest={"model": config.model, "modes": [config.mode], "scorer": options},
-            key_column="mode",
-        )
         run_job(job, config.pool)
     qrels = load_qrels(config.input)
     scores, errored = load_runs(rerank_dir, (config.mode,))

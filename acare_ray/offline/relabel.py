@@ -74,17 +74,17 @@ def run(config: RelabelConfig) -> JobCounts:
         "negatives_from": config.negatives_from,
         "keep_failed": config.keep_failed,
     }
+    job = Job(
+        "relabel",
+        config.input,
+        config.output,
+        RelabelActor,
+        actor_kwargs={"model": config.model, "scorer_options": options, **labels},
+        manifest={"model": config.model, "scorer": options, **labels},
+        key_column="status",
+        retry_errors=config.retry_errors,
+    )
     with ray_session(config.ray_address):
-        job = Job(
-            name="relabel",
-            input=config.input,
-            output=config.output,
-            actor=RelabelActor,
-            actor_kwargs={"model": config.model, "scorer_options": options, **labels},
-            manifest={"model": config.model, "scorer": options, **labels},
-            key_column="status",
-            retry_errors=config.retry_errors,
-        )
         return run_job(job, config.pool)
 
 

@@ -60,27 +60,27 @@ def run(config: RerankConfig) -> JobCounts:
     fusion = config.resolved_fusion()
     # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
     fused = {"fusion": fusion.label} if fusion.enabled else {}
+    job = Job(
+        "rerank",
+        config.input,
+        config.output,
+        ScorerActor,
+        actor_kwargs={
+            "model": config.model,
+            "modes": (mode,),
+            "top_k": config.top_k,
+            "scorer_options": options,
+            "fusion": fusion.as_dict() if fusion.enabled else None,
+        },
+        manifest={
+            "model": config.model,
+            "modes": [mode],
+            "top_k": config.top_k,
+            "scorer": options,
+            **fused,
+        },
+        key_column="mode",
+        retry_errors=config.retry_errors,
+    )
     with ray_session(config.ray_address):
-        job = Job(
-            name="rerank",
-            input=config.input,
-            output=config.output,
-            actor=ScorerActor,
-            actor_kwargs={
-                "model": config.model,
-                "modes": (mode,),
-                "top_k": config.top_k,
-                "scorer_options": options,
-                "fusion": fusion.as_dict() if fusion.enabled else None,
-            },
-            manifest={
-                "model": config.model,
-                "modes": [mode],
-                "top_k": config.top_k,
-                "scorer": options,
-                **fused,
-            },
-            key_column="mode",
-            retry_errors=config.retry_errors,
-        )
         return run_job(job, config.pool)

@@ -176,10 +176,10 @@ def test_the_job_runs_within_its_object_store_budget_and_restores_the_limits(
     pool = ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100, object_store_mb=1)
     kwargs = {"model": str(tiny_qwen3_dir), "modes": ("M0",), "scorer_options": SETTINGS.options()}
     job = Job(
-        name="rerank",
-        input=str(path),
-        output=str(tmp_path / "out"),
-        actor=BudgetSpy,
+        "rerank",
+        str(path),
+        str(tmp_path / "out"),
+        BudgetSpy,
         actor_kwargs={"marker": str(marker), **kwargs},
         manifest={"test": "budget"},
         key_column="mode",
@@ -198,10 +198,10 @@ def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
     path, rows, errors = mixed_searches
     marker = tmp_path / "killed"
     job = Job(
-        name="rerank",
-        input=str(path),
-        output=str(tmp_path / "out"),
-        actor=KillOnce,
+        "rerank",
+        str(path),
+        str(tmp_path / "out"),
+        KillOnce,
         actor_kwargs={
             "marker": str(marker),
             "model": str(tiny_qwen3_dir),

@@ -55,10 +55,10 @@ def test_gpu_actors_land_only_on_the_gpu_node_and_fall_back_to_cpu(
     records = tmp_path / "records"
     records.mkdir()
     job = Job(
-        name="rerank",
-        input=str(path),
-        output=str(tmp_path / "out"),
-        actor=WhereAmI,
+        "rerank",
+        str(path),
+        str(tmp_path / "out"),
+        WhereAmI,
         actor_kwargs={
             "record_dir": str(records),
             "model": str(tiny_qwen3_dir),
