@@ -64,9 +64,9 @@ def public(value: str) -> str:
 
 def resolved_config(config: Path, model: str | None, port: int) -> dict[str, Any]:
     """The Serve config ``acare serve --config CONFIG --model MODEL --port PORT`` would run."""
-    from acare_ray.online.cli import ServeConfig, resolve
+    from acare_ray.online.cli import ServeConfig, serve_config
 
-    return resolve(ServeConfig(config=config, model=model, port=port))
+    return serve_config(ServeConfig(config=config, model=model, port=port))
 
 
 def fixed_replicas(config: dict[str, Any], replicas: int) -> dict[str, Any]:

@@ -7,11 +7,18 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any, TypeVar
 
-from acare_ray.metrics import DEFAULT_MEASURES
+from acare_ray.offline.evaluate import TESTS, EvalConfig
+from acare_ray.offline.fit_fusion import FitFusionConfig
 from acare_ray.offline.job import ActorPool, ScorerSettings
 from acare_ray.offline.lock import OutputLocked
+from acare_ray.offline.relabel import RelabelConfig
+from acare_ray.offline.rerank import RerankConfig
 from acare_ray.offline.resume import StorageError
+
+C = TypeVar("C")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -32,11 +39,22 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
         "--revision", default=None, help="Hub commit (or tag) of --model; default: main"
     )
     pool = parser.add_argument_group("Ray")
-    pool.add_argument("--actors", default="1,2", help="actor pool size N or MIN,MAX")
-    pool.add_argument("--gpus-per-actor", type=float, default=0.0)
-    pool.add_argument("--cpus-per-actor", type=float, default=1.0)
-    pool.add_argument("--batch-size", type=int, default=32, help="searches per actor call")
-    pool.add_argument("--rows-per-file", type=int, default=2_000, help="least rows per part file")
+    pool.add_argument(
+        "--actors",
+        default=f"{ActorPool.min_size},{ActorPool.max_size}",
+        help="actor pool size N or MIN,MAX",
+    )
+    pool.add_argument("--gpus-per-actor", type=float, default=ActorPool.gpus_per_actor)
+    pool.add_argument("--cpus-per-actor", type=float, default=ActorPool.cpus_per_actor)
+    pool.add_argument(
+        "--batch-size", type=int, default=ActorPool.batch_size, help="searches per actor call"
+    )
+    pool.add_argument(
+        "--rows-per-file",
+        type=int,
+        default=ActorPool.rows_per_file,
+        help="least rows per part file",
+    )
     pool.add_argument(
         "--object-store-mb",
         type=int,
@@ -47,16 +65,30 @@ def _add_common(parser: argparse.ArgumentParser, output: bool = True) -> None:
     pool.add_argument("--ray-address", default=None, help="default: RAY_ADDRESS or a local Ray")
 
 
+def _given(config: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The flags named like ``config``'s fields and set (None is "not given")."""
+    flags = vars(args)
+    return {
+        f.name: tuple(flags[f.name]) if isinstance(flags[f.name], list) else flags[f.name]
+        for f in fields(config)
+        if flags.get(f.name) is not None
+    }
+
+
 def _pool(args: argparse.Namespace) -> ActorPool:
     low, high = ActorPool.parse_sizes(args.actors)
-    return ActorPool(
-        min_size=low,
-        max_size=high,
-        gpus_per_actor=args.gpus_per_actor,
-        cpus_per_actor=args.cpus_per_actor,
-        batch_size=args.batch_size,
-        rows_per_file=args.rows_per_file,
-        object_store_mb=args.object_store_mb,
+    return ActorPool(min_size=low, max_size=high, **_given(ActorPool, args))
+
+
+def _config(config: type[C], args: argparse.Namespace) -> C:
+    """``config`` from the flags named like its fields: a flag not given keeps the config's
+    default, so defaults live in the config alone; ``pool`` and ``scorer`` are built the same
+    way (the scorer settings on top of the config's own default ones)."""
+    (scorer,) = [f for f in fields(config) if f.name == "scorer"]
+    return config(
+        **_given(config, args),
+        pool=_pool(args),
+        scorer=replace(scorer.default_factory(), **_given(ScorerSettings, args)),
     )
 
 
@@ -80,47 +112,17 @@ def _reported(command: Callable[[argparse.Namespace], int]) -> Callable[[argpars
 
 @_reported
 def rerank_command(args: argparse.Namespace) -> int:
-    from acare_ray.offline.rerank import RerankConfig, run
+    from acare_ray.offline.rerank import run
 
-    config = RerankConfig(
-        input=args.input,
-        output=args.output,
-        model=args.model,
-        mode=args.mode,
-        top_k=args.top_k,
-        pool=_pool(args),
-        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens, revision=args.revision),
-        ray_address=args.ray_address,
-        fusion=args.fusion,
-        retry_errors=args.retry_errors,
-    )
-    print(run(config).describe())
+    print(run(_config(RerankConfig, args)).describe())
     return 0
 
 
 @_reported
 def relabel_command(args: argparse.Namespace) -> int:
-    from acare_ray.offline.relabel import RelabelConfig, run
-    from acare_ray.offline.score import LABELER_INSTRUCTION
+    from acare_ray.offline.relabel import run
 
-    config = RelabelConfig(
-        input=args.input,
-        output=args.output,
-        model=args.model,
-        negatives=args.negatives,
-        gold_aware=args.gold_aware,
-        negatives_from=args.negatives_from,
-        keep_failed=args.keep_failed,
-        pool=_pool(args),
-        scorer=ScorerSettings(
-            max_batch_tokens=args.max_batch_tokens,
-            instruction=args.instruction or LABELER_INSTRUCTION,
-            revision=args.revision,
-        ),
-        ray_address=args.ray_address,
-        retry_errors=args.retry_errors,
-    )
-    counts = run(config)
+    counts = run(_config(RelabelConfig, args))
     print(counts.describe())
     print("status counts:", json.dumps({k: v["rows"] for k, v in counts.per_key.items()}))
     return 0
@@ -128,27 +130,9 @@ def relabel_command(args: argparse.Namespace) -> int:
 
 @_reported
 def eval_command(args: argparse.Namespace) -> int:
-    from acare_ray.offline.evaluate import EvalConfig, format_table, run
+    from acare_ray.offline.evaluate import format_table, run
 
-    config = EvalConfig(
-        input=args.input,
-        model=args.model,
-        report_dir=args.report_dir,
-        modes=_csv(args.modes),
-        measures=_csv(args.measures),
-        test=args.test,
-        n_resamples=args.resamples,
-        seed=args.seed,
-        pool=_pool(args),
-        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens, revision=args.revision),
-        ray_address=args.ray_address,
-        sessions=args.sessions,
-        session_depth=args.session_depth,
-        group_by=args.group_by,
-        fusion=tuple(args.fusion or ("auto",)),
-        first_stage=args.first_stage,
-    )
-    report = run(config)
+    report = run(_config(EvalConfig, args))
     print(format_table(report))
     print(f"report: {report['files']['markdown']} ({report['wall_s']:.1f} s)")
     return 0
@@ -156,21 +140,9 @@ def eval_command(args: argparse.Namespace) -> int:
 
 @_reported
 def fit_fusion_command(args: argparse.Namespace) -> int:
-    from acare_ray.offline.fit_fusion import FitFusionConfig, run
+    from acare_ray.offline.fit_fusion import run
 
-    config = FitFusionConfig(
-        input=args.input,
-        model=args.model,
-        work_dir=args.work_dir,
-        mode=args.mode,
-        methods=_csv(args.methods),
-        k=args.k,
-        measure=args.measure,
-        write=args.write,
-        pool=_pool(args),
-        scorer=ScorerSettings(max_batch_tokens=args.max_batch_tokens),
-        ray_address=args.ray_address,
-    )
+    config = _config(FitFusionConfig, args)
     result = run(config)
     best = next(r for r in result["grid"] if r["fusion"] == result["label"])
     print(f"fitted fusion: {result['label']} ({config.measure} {best[config.measure]:.4f})")
@@ -184,11 +156,15 @@ def fit_fusion_command(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     rerank = subparsers.add_parser("rerank", help="rerank searches in Parquet on Ray Data")
     _add_common(rerank)
-    rerank.add_argument("--mode", default="auto", choices=["M0", "M1", "M2", "M3", "auto"])
-    rerank.add_argument("--top-k", type=int, default=None, help="keep the best k per search")
+    rerank.add_argument(
+        "--mode", default=RerankConfig.mode, choices=["M0", "M1", "M2", "M3", "auto"]
+    )
+    rerank.add_argument(
+        "--top-k", type=int, default=RerankConfig.top_k, help="keep the best k per search"
+    )
     rerank.add_argument(
         "--fusion",
-        default="auto",
+        default=RerankConfig.fusion,
         help="auto (the checkpoint's fitted setting, else none), none, rrf[:k=60,weight=0.5] "
         "or linear[:alpha=0.5]",
     )
@@ -196,7 +172,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     relabel = subparsers.add_parser("relabel", help="label searches into training groups")
     _add_common(relabel)
-    relabel.add_argument("--negatives", type=int, default=7, help="negatives per group")
+    relabel.add_argument(
+        "--negatives", type=int, default=RelabelConfig.negatives, help="negatives per group"
+    )
     relabel.add_argument("--instruction", default=None, help="labeler instruction")
     relabel.add_argument(
         "--gold-aware",
@@ -205,7 +183,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     relabel.add_argument(
         "--negatives-from",
-        default="bottom",
+        default=RelabelConfig.negatives_from,
         choices=["bottom", "hard"],
         help="the labeler's lowest-ranked (paper) or highest-ranked non-positive candidates",
     )
@@ -216,18 +194,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     evaluate = subparsers.add_parser("eval", help="compare modes on labelled searches")
     _add_common(evaluate, output=False)
-    evaluate.add_argument("--modes", default="M0,M2,M3")
+    evaluate.add_argument("--modes", type=_csv, default=EvalConfig.modes)
     evaluate.add_argument("--report-dir", required=True)
-    evaluate.add_argument("--measures", default=",".join(DEFAULT_MEASURES))
-    evaluate.add_argument("--test", default="randomization", choices=["randomization", "bootstrap"])
-    evaluate.add_argument("--resamples", type=int, default=10_000)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--measures", type=_csv, default=EvalConfig.measures)
+    evaluate.add_argument("--test", default=EvalConfig.test, choices=TESTS)
+    evaluate.add_argument(
+        "--resamples",
+        dest="n_resamples",
+        metavar="N",
+        type=int,
+        default=EvalConfig.n_resamples,
+    )
+    evaluate.add_argument("--seed", type=int, default=EvalConfig.seed)
     evaluate.add_argument(
         "--sessions",
         action="store_true",
         help="also replay each session (top unseen documents per search) and test by session",
     )
-    evaluate.add_argument("--session-depth", type=int, default=10, help="documents per search")
+    evaluate.add_argument(
+        "--session-depth", type=int, default=EvalConfig.session_depth, help="documents per search"
+    )
     evaluate.add_argument("--group-by", default=None, help="also report per value of a column")
     evaluate.add_argument(
         "--fusion",
@@ -249,10 +235,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(fitting, output=False)
     fitting.add_argument("--work-dir", required=True, help="scoring output and fit.json")
-    fitting.add_argument("--mode", default="M3", choices=["M0", "M1", "M2", "M3"])
-    fitting.add_argument("--methods", default="rrf,linear", help="rrf and/or linear")
-    fitting.add_argument("--k", type=float, default=60.0, help="rrf k")
-    fitting.add_argument("--measure", default="nDCG@10", help="the objective")
+    fitting.add_argument("--mode", default=FitFusionConfig.mode, choices=["M0", "M1", "M2", "M3"])
+    fitting.add_argument(
+        "--methods", type=_csv, default=FitFusionConfig.methods, help="rrf and/or linear"
+    )
+    fitting.add_argument("--k", type=float, default=FitFusionConfig.k, help="rrf k")
+    fitting.add_argument("--measure", default=FitFusionConfig.measure, help="the objective")
     fitting.add_argument(
         "--no-write",
         dest="write",

@@ -46,10 +46,11 @@ from acare_ray.metrics import (
     write_trec_run,
 )
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.offline.report import format_table, write_chart, write_markdown
-from acare_ray.offline.resume import resolve
+from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.session_eval import (
+    Significance,
     load_column,
     load_sessions,
     paired_comparisons,
@@ -84,11 +85,11 @@ class EvalConfig:
     report_dir: str
     modes: tuple[str, ...] = ("M0", "M2", "M3")
     measures: tuple[str, ...] = DEFAULT_MEASURES
-    test: str = "randomization"
-    n_resamples: int = 10_000
-    confidence: float = 0.95
-    alpha: float = 0.05
-    seed: int = 0
+    test: str = Significance.test
+    n_resamples: int = Significance.n_resamples
+    confidence: float = Significance.confidence
+    alpha: float = Significance.alpha
+    seed: int = Significance.seed
     pool: ActorPool = field(default_factory=ActorPool)
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
@@ -114,6 +115,10 @@ class EvalConfig:
         if self.test not in TESTS:
             raise ValueError(f"test must be one of {TESTS}, got {self.test!r}")
 
+    @property
+    def significance(self) -> Significance:
+        return Significance(self.test, self.n_resamples, self.seed, self.confidence, self.alpha)
+
 
 def texts(array: pa.Array | pa.ChunkedArray) -> list[str | None]:
     """A string array as Python strings; values that are not valid UTF-8 (a bad cell in the
@@ -131,7 +136,7 @@ def texts(array: pa.Array | pa.ChunkedArray) -> list[str | None]:
 def load_qrels(path: str) -> dict[str, dict[str, int]]:
     """``{search_id: {doc_id: relevance}}`` from the candidates' labels (unjudged left out),
     streaming the input in batches and reading only ids and labels from the candidate lists."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     qrels: dict[str, dict[str, int]] = {}
     for batch in dataset.to_batches(columns=["search_id", "candidates"]):
@@ -154,7 +159,7 @@ FirstStage = dict[str, tuple[list[str], list, list, list]]
 def load_first_stage(path: str) -> FirstStage:
     """``{search_id: (doc_ids, first_stage_scores, first_stage_ranks, agent_ranks)}`` in
     candidate order (None where a candidate lacks the value), streamed from the input."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     fields = {f.name for f in dataset.schema.field("candidates").type.value_type}
     out: FirstStage = {}
@@ -227,7 +232,7 @@ def load_runs(
 ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, int]]:
     """``{mode: {search_id: {doc_id: score}}}`` (raw scores) of the rows scored without error,
     and the number of error rows per mode."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     runs: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in modes}
     errored = dict.fromkeys(modes, 0)
@@ -273,21 +278,13 @@ def compare_modes(
     """Paired tests (by search) for every two systems and every measure; Holm across the pairs
     of a measure (:func:`acare_ray.offline.session_eval.paired_comparisons`)."""
     return paired_comparisons(
-        per_query,
-        list(per_query),
-        config.measures,
-        config.test,
-        config.n_resamples,
-        config.seed,
-        config.confidence,
-        config.alpha,
-        "n_queries",
+        per_query, list(per_query), config.measures, config.significance, "n_queries"
     )
 
 
 def _input_notes(path: str) -> dict[str, Any]:
     """``acare.*`` entries of the input's schema metadata (e.g. BM25 recall of the open set)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     metadata = pads.dataset(inner, filesystem=fs, format="parquet").schema.metadata or {}
     notes = {}
     for key, value in metadata.items():
@@ -322,17 +319,16 @@ def _metrics(per_query: dict, qids: list[str], config: EvalConfig) -> dict[str, 
 
 def _sessions(data, runs, per_query, config: EvalConfig, keep=None) -> dict[str, Any]:
     """The session section over every system (``runs``' keys)."""
-    options = {
-        "depth": config.session_depth,
-        "test": config.test,
-        "n_resamples": config.n_resamples,
-        "seed": config.seed,
-        "confidence": config.confidence,
-        "alpha": config.alpha,
-    }
-    if keep is not None:
-        options["keep"] = keep
-    return session_section(data, runs, per_query, list(runs), **options)
+    options = {"keep": keep} if keep is not None else {}
+    return session_section(
+        data,
+        runs,
+        per_query,
+        list(runs),
+        depth=config.session_depth,
+        **asdict(config.significance),
+        **options,
+    )
 
 
 def _groups(group_of, qids, sessions, runs, per_query, config: EvalConfig) -> dict[str, Any]:
@@ -372,26 +368,45 @@ def _file_name(system: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+=-]", "_", system)
 
 
-def run(config: EvalConfig) -> dict[str, Any]:
-    """Rerank in every mode, evaluate, write the report files; returns the report (the content
-    of ``report.json``)."""
-    started = time.perf_counter()
-    out = Path(config.report_dir)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    rerank_dir = str(out / "rerank")
+@dataclass(frozen=True)
+class Judged:
+    """Every system's ranking of the searches that can be compared: ``qids`` (a relevant
+    candidate, scored in every mode; ``query_counts`` says why the others are not), their
+    ``qrels``, ``runs`` (``{system: {search_id: {doc_id: score}}}``, every scored search),
+    ``errored`` rerank rows and the ``fusions`` whose fused systems are in ``runs``."""
+
+    qrels: dict[str, dict[str, int]]
+    runs: dict[str, dict[str, dict[str, float]]]
+    qids: list[str]
+    query_counts: dict[str, int]
+    errored: int
+    fusions: tuple[FusionConfig, ...]
+
+    @property
+    def systems(self) -> list[str]:
+        return list(self.runs)
+
+
+def _score(config: EvalConfig, rerank_dir: str) -> JobCounts:
+    """The rerank job scoring every input search in every mode into ``rerank_dir``."""
     options = config.scorer.options()
+    job = Job(
+        "eval",
+        config.input,
+        rerank_dir,
+        ScorerActor,
+        actor_kwargs={"model": config.model, "modes": config.modes, "scorer_options": options},
+        manifest={"model": config.model, "modes": list(config.modes), "scorer": options},
+        key_column="mode",
+        rows_per_input=len(config.modes),
+    )
     with ray_session(config.ray_address):
-        counts = run_job(
-            "eval",
-            config.input,
-            rerank_dir,
-            ScorerActor,
-            {"model": config.model, "modes": config.modes, "scorer_options": options},
-            config.pool,
-            manifest={"model": config.model, "modes": list(config.modes), "scorer": options},
-            key_column="mode",
-            rows_per_input=len(config.modes),
-        )
+        return run_job(job, config.pool)
+
+
+def _judged(config: EvalConfig, rerank_dir: str) -> Judged:
+    """Every system's ranking (modes, fused, first stage) and the searches to compare them on;
+    fewer than 2 such searches is a ValueError."""
     qrels = load_qrels(config.input)
     scores, errored = load_runs(rerank_dir, config.modes)
     first = load_first_stage(config.input)
@@ -399,37 +414,47 @@ def run(config: EvalConfig) -> dict[str, Any]:
     runs = ordered_runs(scores, first, fused_with)
     if config.first_stage:
         runs |= first_stage_runs(first)
-    systems = list(runs)
     qids, query_counts = select_queries(qrels, runs)
     if len(qids) < 2:
         raise ValueError(
             f"{config.input}: only {len(qids)} searches have a relevant candidate and were "
             f"scored in every mode ({query_counts}); need at least 2 to compare modes"
         )
-    chosen_qrels = {q: qrels[q] for q in qids}
-    files = {"qrels": str(out / "qrels.trec"), "runs": {}}
-    write_trec_qrels(chosen_qrels, files["qrels"])
+    chosen = {q: qrels[q] for q in qids}
+    return Judged(chosen, runs, qids, query_counts, errored, fused_with)
+
+
+def _write_trec(judged: Judged, config: EvalConfig, out: Path) -> tuple[dict[str, Any], dict]:
+    """The qrels and each system's run as TREC files under ``out``, and the per-search
+    measures of each system: (files, ``{system: {measure: {search_id: value}}}``)."""
+    files: dict[str, Any] = {"qrels": str(out / "qrels.trec"), "runs": {}}
+    write_trec_qrels(judged.qrels, files["qrels"])
     per_query = {}
-    for system in systems:
+    for system in judged.systems:
         files["runs"][system] = str(out / "runs" / f"{_file_name(system)}.trec")
-        chosen_run = {q: runs[system][q] for q in qids}
+        chosen_run = {q: judged.runs[system][q] for q in judged.qids}
         write_trec_run(chosen_run, files["runs"][system], tag=f"acare-{system}")
-        per_query[system] = evaluate(chosen_qrels, chosen_run, config.measures).per_query
-    metrics = _metrics(per_query, qids, config)
+        per_query[system] = evaluate(judged.qrels, chosen_run, config.measures).per_query
+    return files, per_query
+
+
+def _report(config: EvalConfig, judged: Judged, per_query: dict, counts: JobCounts) -> dict:
+    """The report's figures (``report.json`` less its files and wall time)."""
     sessions = load_sessions(config.input, config.group_by) if config.sessions else None
     group_of = None
     if config.group_by is not None:
         group_of = load_column(config.input, config.group_by)
-    report: dict[str, Any] = {
+    runs, qids = judged.runs, judged.qids
+    return {
         "model": config.model,
         "input": config.input,
         "input_notes": _input_notes(config.input),
         "modes": list(config.modes),
-        "systems": systems,
-        "fusion": [f.label for f in fused_with],
+        "systems": judged.systems,
+        "fusion": [f.label for f in judged.fusions],
         "measures": list(config.measures),
-        "queries": {**query_counts, "errored_rows": errored},
-        "metrics": metrics,
+        "queries": {**judged.query_counts, "errored_rows": judged.errored},
+        "metrics": _metrics(per_query, qids, config),
         "significance": {
             "test": config.test,
             "n_resamples": config.n_resamples,
@@ -446,8 +471,21 @@ def run(config: EvalConfig) -> dict[str, Any]:
             else {}
         ),
         "config": {**asdict(config)},
-        "files": files,
     }
+
+
+def run(config: EvalConfig) -> dict[str, Any]:
+    """Rerank in every mode, evaluate, write the report files; returns the report (the content
+    of ``report.json``)."""
+    started = time.perf_counter()
+    out = Path(config.report_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    rerank_dir = str(out / "rerank")
+    counts = _score(config, rerank_dir)
+    judged = _judged(config, rerank_dir)
+    files, per_query = _write_trec(judged, config, out)
+    report = _report(config, judged, per_query, counts)
+    report["files"] = files
     files |= {
         "json": str(out / "report.json"),
         "markdown": str(out / "report.md"),

@@ -22,7 +22,7 @@ from acare_ray.fusion import DEFAULT_RRF_K, fit, grid
 from acare_ray.metrics import parse_measure
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_runs
-from acare_ray.offline.job import ActorPool, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, ScorerSettings, ray_session, run_job
 from acare_ray.scoring import Mode, parse_mode
 from acare_ray.training.checkpoint import write_fusion
 
@@ -61,17 +61,17 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
     out = Path(config.work_dir)
     rerank_dir = str(out / "rerank")
     options = config.scorer.options()
+    job = Job(
+        "fit-fusion",
+        config.input,
+        rerank_dir,
+        ScorerActor,
+        actor_kwargs={"model": config.model, "modes": (config.mode,), "scorer_options": options},
+        manifest={"model": config.model, "modes": [config.mode], "scorer": options},
+        key_column="mode",
+    )
     with ray_session(config.ray_address):
-        run_job(
-            "fit-fusion",
-            config.input,
-            rerank_dir,
-            ScorerActor,
-            {"model": config.model, "modes": (config.mode,), "scorer_options": options},
-            config.pool,
-            manifest={"model": config.model, "modes": [config.mode], "scorer": options},
-            key_column="mode",
-        )
+        run_job(job, config.pool)
     qrels = load_qrels(config.input)
     scores, errored = load_runs(rerank_dir, (config.mode,))
     first = load_first_stage(config.input)

@@ -24,8 +24,8 @@ from acare_ray.offline.resume import (
     new_run_id,
     part_files,
     prepare_output,
-    resolve,
     skip_written,
+    storage_paths,
     tally,
     unwritten_rows,
 )
@@ -183,7 +183,7 @@ def ray_session(address: str | None = None) -> Iterator[None]:
 
 def count_rows(path: str) -> int:
     """Rows of a Parquet file or folder, from the footers."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     return pads.dataset(inner, filesystem=fs, format="parquet").count_rows()
 
 
@@ -193,55 +193,66 @@ JOB_INPUT = SEARCHES.append(pa.field("supporting_titles", pa.list_(pa.string()))
 
 def input_columns(path: str, wanted: pa.Schema = JOB_INPUT) -> list[str]:
     """The columns of ``wanted`` the input has (others are not read)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     names = set(pads.dataset(inner, filesystem=fs, format="parquet").schema.names)
     return [name for name in wanted.names if name in names]
 
 
-def run_job(
-    job: str,
-    input_path: str,
-    output: str,
-    actor: type,
-    actor_kwargs: dict[str, Any],
-    pool: ActorPool,
-    manifest: dict[str, Any],
-    key_column: str,
-    rows_per_input: int = 1,
-    retry_errors: bool = False,
-) -> JobCounts:
-    """Run the pipeline into ``output`` (resuming it) and count what happened.
+@dataclass(frozen=True)
+class Job:
+    """What one run of the pipeline does: read ``input`` (searches Parquet), write ``output``
+    (a folder of part files, resumed if it exists), and in between call
+    ``actor(**actor_kwargs)`` (constructed once per pool actor) with ``pyarrow.Table`` batches.
 
-    ``actor(**actor_kwargs)`` is constructed once per pool actor and called with
-    ``pyarrow.Table`` batches of ``pool.batch_size`` searches; ``key_column`` is the output
-    column counted per value (mode or status). The job holds the output's lock throughout
-    (:class:`~acare_ray.offline.lock.OutputLocked` if another job holds it);
-    ``retry_errors`` scores the searches with an error row again, replacing their rows.
-    Needs a connected Ray (see :func:`ray_session`).
+    ``name`` and ``manifest`` are recorded in the output's manifest (a resumed output must
+    match them); ``key_column`` is the output column counted per value (mode or status), each
+    input row yielding ``rows_per_input`` output rows; ``retry_errors`` scores the searches
+    with an error row again, replacing their rows.
+    """
+
+    name: str
+    input: str
+    output: str
+    actor: type
+    actor_kwargs: dict[str, Any]
+    manifest: dict[str, Any]
+    key_column: str
+    rows_per_input: int = 1
+    retry_errors: bool = False
+
+
+def run_job(job: Job, pool: ActorPool) -> JobCounts:
+    """Run ``job``'s pipeline on ``pool`` into its output (resuming it) and count what happened.
+
+    The job holds the output's lock throughout (:class:`~acare_ray.offline.lock.OutputLocked`
+    if another job holds it). Needs a connected Ray (see :func:`ray_session`).
     """
     started = time.perf_counter()
-    rows_in = count_rows(input_path)
-    fs, root, _ = resolve(output)
+    rows_in = count_rows(job.input)
+    fs, root, _ = storage_paths(job.output)
     run_id = new_run_id()
     with OutputLock(fs, root, run_id):
         state = prepare_output(
-            output, {"job": job, **manifest}, retry_errors=retry_errors, run_id=run_id
+            job.output,
+            {"job": job.name, **job.manifest},
+            retry_errors=job.retry_errors,
+            run_id=run_id,
         )
-        if "search_id" not in input_columns(input_path):
+        if "search_id" not in input_columns(job.input):
             # Every row becomes an error row naming the missing id; nothing can be skipped.
             state = replace(state, written=None)
-        if state.written is None or unwritten_rows(input_path, state.written) > 0:
-            _write(input_path, state, actor, actor_kwargs, pool)
+        if state.written is None or unwritten_rows(job.input, state.written) > 0:
+            _write(job, state, pool)
         else:
-            log.info("%s: every input row is already in %s; nothing to score", job, output)
+            log.info("%s: every input row is already in %s; nothing to score", job.name, job.output)
         before = set(state.files_before)
         files = part_files(state.fs, state.root)
         mine = [p for p in files if p not in before]
-        per_key = tally(state.fs, mine, key_column)
+        per_key = tally(state.fs, mine, job.key_column)
     written = sum(v["rows"] for v in per_key.values())
     counts = JobCounts(
-        job=job,
-        output=output,
+        job=job.name,
+        output=job.output,
         run_id=state.run_id,
         rows_in=rows_in,
         already_written=state.rows_before,
@@ -251,7 +262,7 @@ def run_job(
         files_written=len(mine),
         removed_incomplete=len(state.removed_incomplete),
         wall_s=time.perf_counter() - started,
-        rows_per_input=rows_per_input,
+        rows_per_input=job.rows_per_input,
         per_key=per_key,
         retried=state.retried,
     )
@@ -259,18 +270,11 @@ def run_job(
     return counts
 
 
-def _write(
-    input_path: str,
-    state: OutputState,
-    actor: type,
-    actor_kwargs: dict[str, Any],
-    pool: ActorPool,
-) -> None:
+def _write(job: Job, state: OutputState, pool: ActorPool) -> None:
     """read -> skip written -> blocks of ``BATCHES_PER_BLOCK`` batches -> actor pool -> write,
     streaming into ``state``'s folder (within the pool's object-store budget, if it has one)."""
-    _, _, ray_input = resolve(input_path)
     with store_budget(pool.store_budget_bytes):
-        _stream(ray_input, input_columns(input_path), state, actor, actor_kwargs, pool)
+        _stream(job, state, pool)
 
 
 @contextmanager
@@ -295,18 +299,12 @@ def store_budget(nbytes: int | None) -> Iterator[None]:
         options.resource_limits = before
 
 
-def _stream(
-    ray_input: str,
-    columns: list[str],
-    state: OutputState,
-    actor: type,
-    actor_kwargs: dict[str, Any],
-    pool: ActorPool,
-) -> None:
+def _stream(job: Job, state: OutputState, pool: ActorPool) -> None:
     import ray
     from ray.data.datasource import FilenameProvider
 
-    ds = ray.data.read_parquet(ray_input, columns=columns)
+    _, _, ray_input = storage_paths(job.input)
+    ds = ray.data.read_parquet(ray_input, columns=input_columns(job.input))
     if state.written is not None:
         ds = ds.map_batches(
             skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"
@@ -315,8 +313,8 @@ def _stream(
     # to a few batches so every actor of the pool gets work and output is written as it goes.
     ds = ds.repartition(target_num_rows_per_block=pool.batch_size * BATCHES_PER_BLOCK)
     ds = ds.map_batches(
-        actor,
-        fn_constructor_kwargs={**actor_kwargs, "cpus": pool.cpus_per_actor},
+        job.actor,
+        fn_constructor_kwargs={**job.actor_kwargs, "cpus": pool.cpus_per_actor},
         compute=ray.data.ActorPoolStrategy(min_size=pool.min_size, max_size=pool.max_size),
         num_gpus=pool.gpus_per_actor or None,
         # 1 CPU is Ray Data's default; passing it beside num_gpus only logs a warning.

@@ -6,7 +6,7 @@ the gold answer and the supporting documents (:func:`~acare_ray.offline.score.la
 and ranks the candidates: the best becomes the positive, the ``negatives`` worst the negatives.
 Searches of failed trajectories (``judge_ok == False``) are filtered out. The output has one
 ``RELABEL_OUTPUT`` row per input row, so nothing disappears unaccounted for: ``status`` says
-whether it is a group (``ok``) or why not. :func:`read_groups` returns the groups.
+whether it is a group (``ok``) or why not. :func:`read_relabel_groups` returns the groups.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pyarrow.dataset as pads
 
 from acare_ray.data.groups import ok_groups
 from acare_ray.offline.actor import RelabelActor
-from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
-from acare_ray.offline.resume import resolve
+from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.score import LABELER_INSTRUCTION, NEGATIVES_FROM
 from acare_ray.schema import TRAINING_GROUPS
 
@@ -74,22 +74,22 @@ def run(config: RelabelConfig) -> JobCounts:
         "negatives_from": config.negatives_from,
         "keep_failed": config.keep_failed,
     }
+    job = Job(
+        "relabel",
+        config.input,
+        config.output,
+        RelabelActor,
+        actor_kwargs={"model": config.model, "scorer_options": options, **labels},
+        manifest={"model": config.model, "scorer": options, **labels},
+        key_column="status",
+        retry_errors=config.retry_errors,
+    )
     with ray_session(config.ray_address):
-        return run_job(
-            "relabel",
-            config.input,
-            config.output,
-            RelabelActor,
-            {"model": config.model, "scorer_options": options, **labels},
-            config.pool,
-            manifest={"model": config.model, "scorer": options, **labels},
-            retry_errors=config.retry_errors,
-            key_column="status",
-        )
+        return run_job(job, config.pool)
 
 
-def read_groups(path: str) -> pa.Table:
+def read_relabel_groups(path: str) -> pa.Table:
     """The training groups (``status == "ok"``) of a relabel output, as ``TRAINING_GROUPS``."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     return ok_groups(dataset.to_table(columns=[*TRAINING_GROUPS.names, "status"]))[0]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acare_ray.fusion import FusionConfig, resolve_fusion
+from acare_ray.fusion import FusionConfig, resolve
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.scoring import Mode, parse_mode
 from acare_ray.training.checkpoint import read_fusion
 
@@ -43,13 +43,13 @@ class RerankConfig:
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
-        resolve_fusion(self.fusion, None)
+        resolve(self.fusion, None)
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
 
     def resolved_fusion(self) -> FusionConfig:
         """The fusion this job applies: ``fusion``, with ``auto`` resolved for the model."""
-        return resolve_fusion(self.fusion, read_fusion(self.model))
+        return resolve(self.fusion, read_fusion(self.model))
 
 
 def run(config: RerankConfig) -> JobCounts:
@@ -60,27 +60,27 @@ def run(config: RerankConfig) -> JobCounts:
     fusion = config.resolved_fusion()
     # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
     fused = {"fusion": fusion.label} if fusion.enabled else {}
+    job = Job(
+        "rerank",
+        config.input,
+        config.output,
+        ScorerActor,
+        actor_kwargs={
+            "model": config.model,
+            "modes": (mode,),
+            "top_k": config.top_k,
+            "scorer_options": options,
+            "fusion": fusion.as_dict() if fusion.enabled else None,
+        },
+        manifest={
+            "model": config.model,
+            "modes": [mode],
+            "top_k": config.top_k,
+            "scorer": options,
+            **fused,
+        },
+        key_column="mode",
+        retry_errors=config.retry_errors,
+    )
     with ray_session(config.ray_address):
-        return run_job(
-            "rerank",
-            config.input,
-            config.output,
-            ScorerActor,
-            {
-                "model": config.model,
-                "modes": (mode,),
-                "top_k": config.top_k,
-                "scorer_options": options,
-                "fusion": fusion.as_dict() if fusion.enabled else None,
-            },
-            config.pool,
-            manifest={
-                "model": config.model,
-                "modes": [mode],
-                "top_k": config.top_k,
-                "scorer": options,
-                **fused,
-            },
-            retry_errors=config.retry_errors,
-            key_column="mode",
-        )
+        return run_job(job, config.pool)

@@ -87,7 +87,7 @@ def retried(what: str, read: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def resolve(path: str) -> tuple[pafs.FileSystem, str, str]:
+def storage_paths(path: str) -> tuple[pafs.FileSystem, str, str]:
     """``(filesystem, path inside it, path for Ray)``; a plain path is made absolute."""
     if "://" not in path:
         path = os.path.abspath(path)
@@ -240,7 +240,7 @@ def unwritten_rows(input_path: str, written: Any, column: str = "search_id") -> 
     its actors."""
     import ray
 
-    fs, root, _ = resolve(input_path)
+    fs, root, _ = storage_paths(input_path)
     info = fs.get_file_info(root)
     files = [root] if info.type == pafs.FileType.File else part_files(fs, root)
     task = ray.remote(num_cpus=0)(_unwritten_rows)
@@ -323,7 +323,7 @@ def prepare_output(
     """
     import ray
 
-    fs, root, ray_path = resolve(output)
+    fs, root, ray_path = storage_paths(output)
     existing = part_files(fs, root)
     manifest_info = retried(
         f"listing {root}", lambda: fs.get_file_info(posixpath.join(root, MANIFEST))

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from acare_ray.fusion import FusionConfig
 from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
-from acare_ray.scoring import AgentContext, Mode, Scorer, parse_mode, score_isolated
+from acare_ray.scoring import AgentContext, Mode, Scorer, parse_mode, rank_order, score_isolated
 
 RELABEL_OUTPUT = (
     TRAINING_GROUPS.insert(0, pa.field("search_id", pa.string()))
@@ -323,7 +323,7 @@ def relabel_rows(
             message = f"search_id={search.search_id}: the labeler returned a NaN score"
             out[i] = _relabel_row(search.search_id, search, "scoring_failed", message)
         else:
-            order = np.argsort(-scores, kind="stable")
+            order = rank_order(scores)
             positive, chosen = _choose(order, search, negatives, gold_aware, negatives_from)
             out[i] = _relabel_row(search.search_id, search, "ok", None, positive, chosen)
     return out  # type: ignore[return-value]

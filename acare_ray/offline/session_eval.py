@@ -28,7 +28,7 @@ from acare_ray.metrics import (
     paired_bootstrap_test,
     paired_randomization_test,
 )
-from acare_ray.offline.resume import resolve
+from acare_ray.offline.resume import storage_paths
 from acare_ray.sessions import SessionSearch, replay_session, session_means
 
 
@@ -44,7 +44,7 @@ class SessionData:
 
 def load_sessions(path: str, group_by: str | None = None) -> SessionData:
     """Read what the replay needs from a searches Parquet (see the module docstring)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     names = set(dataset.schema.names)
     if "session_id" not in names:
@@ -89,30 +89,40 @@ def load_sessions(path: str, group_by: str | None = None) -> SessionData:
     return data
 
 
+@dataclass(frozen=True)
+class Significance:
+    """How two systems are compared: a paired ``randomization`` (sign flip) or ``bootstrap``
+    ``test`` of ``n_resamples`` draws from ``seed``; percentile bootstrap CIs at
+    ``confidence``; ``alpha`` applies to Holm-adjusted p-values."""
+
+    test: str = "randomization"
+    n_resamples: int = 10_000
+    seed: int = 0
+    confidence: float = 0.95
+    alpha: float = 0.05
+
+
 def paired_comparisons(
     values: Mapping[str, Mapping[str, Mapping[str, float]]],
     modes: Sequence[str],
     measures: Sequence[str],
-    test: str,
-    n_resamples: int,
-    seed: int,
-    confidence: float,
-    alpha: float,
+    significance: Significance,
     count_key: str = "n_paired",
 ) -> list[dict[str, Any]]:
     """Paired tests for every two modes and every measure of ``values[mode][measure][unit]``
     (units: searches or sessions); Holm across the pairs of a measure. ``ci_low``/``ci_high``
     bound the mean difference (b - a) by paired bootstrap; ``count_key`` names the unit count."""
+    n, seed = significance.n_resamples, significance.seed
     out = []
     for measure in measures:
         rows = []
         for a, b in itertools.combinations(modes, 2):
             va, vb = values[a][measure], values[b][measure]
-            boot = paired_bootstrap_test(va, vb, n_resamples, seed, confidence)
+            boot = paired_bootstrap_test(va, vb, n, seed, significance.confidence)
             result = (
                 boot
-                if test == "bootstrap"
-                else paired_randomization_test(va, vb, n_resamples, seed)
+                if significance.test == "bootstrap"
+                else paired_randomization_test(va, vb, n, seed)
             )
             rows.append(
                 {
@@ -130,7 +140,7 @@ def paired_comparisons(
             )
         for row, adjusted in zip(rows, holm_bonferroni([r["p_value"] for r in rows])):
             row["p_holm"] = adjusted
-            row["significant"] = adjusted <= alpha
+            row["significant"] = adjusted <= significance.alpha
         out.extend(rows)
     return out
 
@@ -142,15 +152,17 @@ def session_section(
     modes: Sequence[str],
     *,
     depth: int = 10,
-    test: str = "randomization",
-    n_resamples: int = 10_000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    alpha: float = 0.05,
+    test: str = Significance.test,
+    n_resamples: int = Significance.n_resamples,
+    seed: int = Significance.seed,
+    confidence: float = Significance.confidence,
+    alpha: float = Significance.alpha,
     keep: Callable[[str], bool] = lambda session_id: True,
 ) -> dict[str, Any]:
     """Replay every eligible session in every mode; means with CIs, first-found histograms and
-    session-paired tests of the session measures and of the per-search measures."""
+    session-paired tests of the session measures and of the per-search measures (tested as
+    :class:`Significance` says)."""
+    significance = Significance(test, n_resamples, seed, confidence, alpha)
     counts = {"sessions": 0, "evaluated": 0, "no_gold_page": 0, "not_scored_in_every_mode": 0}
     eligible = []
     for sid, searches in data.searches.items():
@@ -221,16 +233,14 @@ def session_section(
         "measures": measures,
         "metrics": summary,
         "first_found": first_found,
-        "comparisons": paired_comparisons(
-            values, modes, measures, test, n_resamples, seed, confidence, alpha, "n_sessions"
-        ),
+        "comparisons": paired_comparisons(values, modes, measures, significance, "n_sessions"),
         "per_session": {mode: {m: values[mode][m] for m in names} for mode in modes},
     }
 
 
 def load_column(path: str, column: str) -> dict[str, str]:
     """``{search_id: str(value)}`` of one input column (e.g. the ``group_by`` column)."""
-    fs, inner, _ = resolve(path)
+    fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     if column not in dataset.schema.names:
         raise ValueError(f"{path}: group_by column {column!r} is not in the input")

@@ -24,6 +24,7 @@ too).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -89,6 +90,19 @@ class AgentFields(BaseModel):
         description="Replaces the prompt's <Instruct> line for this request (causal models); "
         "absent: the mode's default.",
     )
+
+    def agent_search(self, query: str, documents: Sequence[str], **options: Any) -> Search:
+        """A :class:`Search` of ``query`` over ``documents`` with these fields (``options``:
+        the other :class:`Search` settings of the endpoint's shape)."""
+        return Search(
+            query=query,
+            documents=documents,
+            original_question=self.original_question,
+            reasoning=self.reasoning,
+            mode=self.mode,
+            instruction=self.instruction,
+            **options,
+        )
 
 
 class CohereRerankRequest(AgentFields, FirstStageFields):
@@ -157,15 +171,8 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
         return out
 
     def search(self, default_max_tokens_per_doc: int | None = None) -> Search:
-        return Search(
-            query=self.query,
-            documents=self.texts(),
-            original_question=self.original_question,
-            reasoning=self.reasoning,
-            mode=self.mode,
-            max_tokens_per_doc=self.max_tokens_per_doc or default_max_tokens_per_doc,
-            instruction=self.instruction,
-        )
+        limit = self.max_tokens_per_doc or default_max_tokens_per_doc
+        return self.agent_search(self.query, self.texts(), max_tokens_per_doc=limit)
 
     def document_payload(self, index: int) -> dict[str, Any]:
         doc = self.documents[index]
@@ -193,16 +200,12 @@ class TeiRerankRequest(AgentFields, FirstStageFields):
     ] = Field("right", description="right keeps the start of a text, left keeps its end.")
 
     def search(self) -> Search:
-        return Search(
-            query=self.query,
-            documents=self.texts,
-            original_question=self.original_question,
-            reasoning=self.reasoning,
-            mode=self.mode,
+        return self.agent_search(
+            self.query,
+            self.texts,
             truncate=self.truncate,
             keep_end=self.truncation_direction == "left",
-            documents_field="texts",
-            instruction=self.instruction,
+            documents_field=self.documents_field,
         )
 
 

@@ -36,7 +36,7 @@ class ServeConfig:
     print_only: bool = False
 
 
-def resolve(options: ServeConfig) -> dict[str, Any]:
+def serve_config(options: ServeConfig) -> dict[str, Any]:
     """The Serve config with the overrides applied, validated by ``ServeDeploySchema``."""
     from ray.serve.schema import ServeDeploySchema
 
@@ -74,7 +74,7 @@ def run(options: ServeConfig) -> int:
     from pydantic import ValidationError
 
     try:
-        config = resolve(options)
+        config = serve_config(options)
     except (FileNotFoundError, ValidationError, yaml.YAMLError) as err:
         print(f"acare serve: {err}", file=sys.stderr)
         return 2

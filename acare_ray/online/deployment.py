@@ -55,7 +55,7 @@ from ray.serve import Application
 
 from acare_ray.online.admission import Admission, Overloaded
 from acare_ray.online.http import Scored, create_api, parse_keys
-from acare_ray.online.metrics import ServeMetrics
+from acare_ray.online.metrics import BatchRecord, ServeMetrics
 from acare_ray.online.models import (
     NAME_PATTERN,
     ModelCatalog,
@@ -602,8 +602,6 @@ class Reranker:
             pending.cancelled.set()
             if not pending.started:
                 self._release(pending)
-        if isinstance(result, ValueError):
-            raise ClientError(422, "documents", str(result))
         if isinstance(result, Exception):
             raise result
         return result
@@ -674,13 +672,16 @@ class Reranker:
         self.admission.batch_finished(0 if failed else tokens, seconds)
         for group in groups.values():  # one batch record per model it held
             jobs = [item.job for item in group]
+            group_tokens = sum(job.tokens for job in jobs)
             self.metrics.batch(
-                group[0].model.name,
-                [started - item.enqueued for item in group],
-                sum(len(job.documents) for job in jobs),
-                sum(job.tokens for job in jobs),
-                seconds,
-                sum(job.tokens for job in jobs) / self.settings.max_batch_tokens,
+                BatchRecord(
+                    model=group[0].model.name,
+                    waits=tuple(started - item.enqueued for item in group),
+                    pairs=sum(len(job.documents) for job in jobs),
+                    tokens=group_tokens,
+                    seconds=seconds,
+                    fill=group_tokens / self.settings.max_batch_tokens,
+                )
             )
         self.stats.record(len(items))
         results = [by_item.get(id(item), Cancelled("cancelled before scoring")) for item in items]

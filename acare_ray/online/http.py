@@ -71,6 +71,7 @@ from acare_ray.online.service import (
     ScoringJob,
     Search,
     bounded,
+    scoring_refusal,
 )
 
 CREATED = int(time.time())
@@ -277,6 +278,175 @@ def _with_max_items(model: type[BaseModel], field: str, limit: int) -> type[Base
     )
 
 
+@dataclass(frozen=True)
+class _Scoring:
+    """How the routes score a search: on one of ``router``'s models, through that model's own
+    ``score`` or the app's, recording what was scored in ``metrics`` (if given)."""
+
+    router: ModelRouter
+    score: ScoreFn
+    metrics: Recorder | None
+
+    async def run(
+        self, search: Search, request: Request, response: Response
+    ) -> tuple[ScoringJob, np.ndarray, int]:
+        """Prepare, score and count one search on the default model: (job, log-odds, tokens)."""
+        _, job, scores, tokens = await self.run_on(
+            self.router.catalog.default, search, request, response
+        )
+        return job, scores, tokens
+
+    async def run_on(
+        self, name: str, search: Search, request: Request, response: Response
+    ) -> tuple[Served, ScoringJob, np.ndarray, int]:
+        """Prepare, score and count one search on model ``name``; the model stays loaded
+        until its tokens are counted (its tokenizer prepared the job)."""
+        async with self.router.use(name) as served:
+            job, scores, tokens = await self._score_on(served, search, request, response)
+        return served, job, scores, tokens
+
+    async def _score_on(
+        self, served: Served, search: Search, request: Request, response: Response
+    ) -> tuple[ScoringJob, np.ndarray, int]:
+        service = served.service
+        if self.router.catalog.strict:  # a deployment of one `model`: no name header, as before
+            response.headers["x-acare-model"] = served.name
+        if served.version is not None:  # every deployment: which checkpoint answered
+            response.headers["x-acare-model-version"] = served.version
+        job = await asyncio.to_thread(service.prepare, search)
+        response.headers["x-acare-mode"] = job.mode.value
+        state = request.scope.setdefault("state", {})
+        state[MODE_STATE], state[MODEL_STATE] = job.mode.value, served.name
+        if job.truncated:
+            listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
+            more = len(job.truncated) - MAX_TRUNCATED_LISTED
+            response.headers["x-acare-truncated"] = listed + (f",+{more}" if more > 0 else "")
+            response.headers["x-acare-truncated-count"] = str(len(job.truncated))
+        if not job.documents:
+            response.headers["x-acare-tokens"] = "0"
+            return job, np.empty(0, dtype=np.float32), 0
+        try:
+            scored = await (served.score or self.score)(job, client_of(request))
+        except ValueError as err:  # the scorer refused the job: the client's field, as sent
+            raise scoring_refusal(search, err) from None
+        tokens = await asyncio.to_thread(service.tokens_scored, job)
+        response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
+        response.headers["x-acare-tokens"] = str(tokens)
+        if self.metrics is not None:
+            self.metrics.scored(
+                served.name, job.mode.value, len(job.documents), tokens, len(job.truncated)
+            )
+        return job, scored.scores, tokens
+
+
+def _fused(
+    body: FirstStageFields, scores: np.ndarray, response: Response, served: Served
+) -> FusedScores | None:
+    """The request's fusion with its first stage (None without one: answered as before);
+    ``fusion: auto`` is the setting fitted for the model that answered."""
+    out = fuse_request(body, scores, served.fitted_fusion)
+    if out is not None:
+        response.headers["x-acare-fusion"] = out.config.label
+    return out
+
+
+def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
+    """``/v1/rerank``, ``/v2/rerank`` (Cohere) and ``/rerank`` (TEI), their bodies holding at
+    most ``max_documents`` documents."""
+    catalog = scoring.router.catalog
+
+    async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
+        default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
+        name = catalog.name_for(body.model, header_model(request.headers))
+        served, job, scores, tokens = await scoring.run_on(
+            name, body.search(default), request, response
+        )
+        return cohere_response(
+            body,
+            job,
+            scores,
+            request_id=str(uuid.uuid4()),
+            version=version,
+            model=served.name,
+            tokens=tokens,
+            fused=_fused(body, scores, response, served),
+        )
+
+    async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
+        """Cohere v1 rerank, plus `original_question`, `reasoning`, `mode`."""
+        return await cohere(body, request, response, "1")
+
+    async def rerank_v2(body, request: Request, response: Response) -> RerankResponse:
+        """Cohere v2 rerank (`max_tokens_per_doc` defaults to 4096), plus the context fields."""
+        return await cohere(body, request, response, "2")
+
+    async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
+        """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
+        tokens scored are in the `x-acare-tokens` header."""
+        name = catalog.name_for(None, header_model(request.headers))
+        served, _, scores, _ = await scoring.run_on(name, body.search(), request, response)
+        return tei_response(body, scores, _fused(body, scores, response, served))
+
+    # The body models are built per app (max_documents), so the annotations are set here.
+    cohere_body = _with_max_items(CohereRerankRequest, "documents", max_documents)
+    tei_body = _with_max_items(TeiRerankRequest, "texts", max_documents)
+    for route, body_model in (
+        (rerank_v1, cohere_body),
+        (rerank_v2, cohere_body),
+        (rerank_tei, tei_body),
+    ):
+        route.__annotations__["body"] = body_model
+    answers = {"response_model_exclude_none": True}
+    api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)
+    api.post("/v2/rerank", response_model=RerankResponse, **answers)(rerank_v2)
+    api.post("/rerank", response_model=list[TeiRank], **answers)(rerank_tei)
+
+
+def _info_routes(
+    api: FastAPI,
+    router: ModelRouter,
+    auth: bool,
+    status: Callable[[], dict[str, Any]] | None,
+    healthy: Callable[[], bool] | None,
+) -> None:
+    """``/health`` (open), ``/v1/status`` and ``/v1/models``."""
+
+    @api.get("/health")
+    async def health() -> JSONResponse:
+        """Up or down, nothing else (no auth): 200 `{"status": "ok"}`, or 503
+        `{"status": "down"}` when the replica's last model check failed."""
+        up = healthy() if healthy else True
+        return JSONResponse({"status": "ok" if up else "down"}, status_code=200 if up else 503)
+
+    @api.get("/v1/status")
+    async def replica_status() -> dict[str, Any]:
+        """The served model, this replica, auth, batching settings and admission state (needs
+        the key when one is configured)."""
+        model = router.catalog.default
+        return {"model": model, "auth": auth, **(status() if status else {})}
+
+    @api.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        """The served models, in OpenAI (`data`) and Cohere (`models`) list shapes; a request
+        picks one by its `model` field or the `serve_multiplexed_model_id` header."""
+        cards = router.cards()
+        return {
+            "object": "list",
+            "data": [
+                {"object": "model", "owned_by": "acare_ray", "created": CREATED, **card}
+                for card in cards
+            ],
+            "models": [
+                {
+                    "name": card["id"],
+                    "endpoints": ["rerank"],
+                    "context_length": card.get("max_length"),
+                }
+                for card in cards
+            ],
+        }
+
+
 def create_api(
     service: RerankService | None,
     score: ScoreFn,
@@ -307,15 +477,11 @@ def create_api(
         if service is None:
             raise ValueError("create_api: give a service or models")
         models = StaticModels.single(service, fitted_fusion)
-    router = models
     if limits is None:
         if service is None:
             raise ValueError("create_api: give limits with models and no service")
         limits = service.limits
-    model = router.catalog.default
     keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
-    cohere_body = _with_max_items(CohereRerankRequest, "documents", limits.max_documents)
-    tei_body = _with_max_items(TeiRerankRequest, "texts", limits.max_documents)
     api = FastAPI(
         title="acare_ray reranker",
         version="1",
@@ -336,143 +502,14 @@ def create_api(
     api.add_exception_handler(ClientError, _client_error)
     api.add_exception_handler(Overloaded, _overloaded)
     api.add_exception_handler(HTTPException, _http_error)
-
-    async def run(
-        search: Search, request: Request, response: Response
-    ) -> tuple[ScoringJob, np.ndarray, int]:
-        """Prepare, score and count one search on the default model: (job, log-odds, tokens)."""
-        _, job, scores, tokens = await run_on(router.catalog.default, search, request, response)
-        return job, scores, tokens
-
-    async def run_on(
-        name: str, search: Search, request: Request, response: Response
-    ) -> tuple[Served, ScoringJob, np.ndarray, int]:
-        """Prepare, score and count one search on model ``name``; the model stays loaded
-        until its tokens are counted (its tokenizer prepared the job)."""
-        async with router.use(name) as served:
-            job, scores, tokens = await score_on(served, search, request, response)
-        return served, job, scores, tokens
-
-    async def score_on(
-        served: Served, search: Search, request: Request, response: Response
-    ) -> tuple[ScoringJob, np.ndarray, int]:
-        service = served.service
-        if router.catalog.strict:  # a deployment of one `model`: no name header, as before
-            response.headers["x-acare-model"] = served.name
-        if served.version is not None:  # every deployment: which checkpoint answered
-            response.headers["x-acare-model-version"] = served.version
-        job = await asyncio.to_thread(service.prepare, search)
-        response.headers["x-acare-mode"] = job.mode.value
-        state = request.scope.setdefault("state", {})
-        state[MODE_STATE], state[MODEL_STATE] = job.mode.value, served.name
-        if job.truncated:
-            listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
-            more = len(job.truncated) - MAX_TRUNCATED_LISTED
-            response.headers["x-acare-truncated"] = listed + (f",+{more}" if more > 0 else "")
-            response.headers["x-acare-truncated-count"] = str(len(job.truncated))
-        if not job.documents:
-            response.headers["x-acare-tokens"] = "0"
-            return job, np.empty(0, dtype=np.float32), 0
-        client = request.scope.get("state", {}).get(CLIENT_STATE, "anonymous")
-        scored = await (served.score or score)(job, client)
-        tokens = await asyncio.to_thread(service.tokens_scored, job)
-        response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
-        response.headers["x-acare-tokens"] = str(tokens)
-        if metrics is not None:
-            metrics.scored(
-                served.name, job.mode.value, len(job.documents), tokens, len(job.truncated)
-            )
-        return job, scored.scores, tokens
-
-    def fused(
-        body: FirstStageFields, scores: np.ndarray, response: Response, served: Served
-    ) -> FusedScores | None:
-        """The request's fusion with its first stage (None without one: answered as before);
-        ``fusion: auto`` is the setting fitted for the model that answered."""
-        out = fuse_request(body, scores, served.fitted_fusion)
-        if out is not None:
-            response.headers["x-acare-fusion"] = out.config.label
-        return out
-
-    async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
-        default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
-        name = router.catalog.resolve(body.model, header_model(request.headers))
-        served, job, scores, tokens = await run_on(name, body.search(default), request, response)
-        return cohere_response(
-            body,
-            job,
-            scores,
-            request_id=str(uuid.uuid4()),
-            version=version,
-            model=served.name,
-            tokens=tokens,
-            fused=fused(body, scores, response, served),
-        )
-
-    async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
-        """Cohere v1 rerank, plus `original_question`, `reasoning`, `mode`."""
-        return await cohere(body, request, response, "1")
-
-    async def rerank_v2(body, request: Request, response: Response) -> RerankResponse:
-        """Cohere v2 rerank (`max_tokens_per_doc` defaults to 4096), plus the context fields."""
-        return await cohere(body, request, response, "2")
-
-    async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
-        """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
-        tokens scored are in the `x-acare-tokens` header."""
-        name = router.catalog.resolve(None, header_model(request.headers))
-        served, _, scores, _ = await run_on(name, body.search(), request, response)
-        return tei_response(body, scores, fused(body, scores, response, served))
-
-    # The body models are built per app (max_documents), so the annotations are set here.
-    for route, body_model in (
-        (rerank_v1, cohere_body),
-        (rerank_v2, cohere_body),
-        (rerank_tei, tei_body),
-    ):
-        route.__annotations__["body"] = body_model
+    scoring = _Scoring(models, score, metrics)
     if extra_routes is not None:
-        extra_routes(api, run)
-    answers = {"response_model_exclude_none": True}
-    api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)
-    api.post("/v2/rerank", response_model=RerankResponse, **answers)(rerank_v2)
-    api.post("/rerank", response_model=list[TeiRank], **answers)(rerank_tei)
-
-    @api.get("/health")
-    async def health() -> JSONResponse:
-        """Up or down, nothing else (no auth): 200 `{"status": "ok"}`, or 503
-        `{"status": "down"}` when the replica's last model check failed."""
-        up = healthy() if healthy else True
-        return JSONResponse({"status": "ok" if up else "down"}, status_code=200 if up else 503)
-
-    @api.get("/v1/status")
-    async def replica_status() -> dict[str, Any]:
-        """The served model, this replica, auth, batching settings and admission state (needs
-        the key when one is configured)."""
-        return {"model": model, "auth": bool(keys), **(status() if status else {})}
-
-    @api.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        """The served models, in OpenAI (`data`) and Cohere (`models`) list shapes; a request
-        picks one by its `model` field or the `serve_multiplexed_model_id` header."""
-        cards = router.cards()
-        return {
-            "object": "list",
-            "data": [
-                {"object": "model", "owned_by": "acare_ray", "created": CREATED, **card}
-                for card in cards
-            ],
-            "models": [
-                {
-                    "name": card["id"],
-                    "endpoints": ["rerank"],
-                    "context_length": card.get("max_length"),
-                }
-                for card in cards
-            ],
-        }
-
+        extra_routes(api, scoring.run)
+    _rerank_routes(api, scoring, limits.max_documents)
+    _info_routes(api, models, bool(keys), status, healthy)
     if metrics is not None:  # outermost: sees what the gate refuses too
         paths = {getattr(route, "path", "") for route in api.routes}
-        api.add_middleware(RequestMetrics, recorder=metrics, model=model, paths=paths)
+        api.add_middleware(
+            RequestMetrics, recorder=metrics, model=models.catalog.default, paths=paths
+        )
     return api

@@ -39,7 +39,7 @@ methods, so the HTTP app can be built and tested without Ray.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -140,6 +140,20 @@ def exported_names() -> frozenset[str]:
     return frozenset(name for spec in METRICS for name in spec.exported())
 
 
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batch run on the model thread, for one model: each request's wait from admission
+    to the batch's start (seconds), the (query, document) pairs and tokens it scored, its model
+    seconds and its tokens over ``max_batch_tokens``."""
+
+    model: str
+    waits: tuple[float, ...]
+    pairs: int
+    tokens: int
+    seconds: float
+    fill: float
+
+
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
 
@@ -155,15 +169,7 @@ class Recorder(Protocol):
 
     def refused(self, model: str, status: int) -> None: ...
 
-    def batch(
-        self,
-        model: str,
-        waits: Sequence[float],
-        pairs: int,
-        tokens: int,
-        seconds: float,
-        fill: float,
-    ) -> None: ...
+    def batch(self, record: BatchRecord) -> None: ...
 
 
 class ServeMetrics:
@@ -201,24 +207,16 @@ class ServeMetrics:
         reason = REFUSAL_REASONS.get(status, str(status))
         self._m["acare_refusals"].inc(1, {"reason": reason, "model": model})
 
-    def batch(
-        self,
-        model: str,
-        waits: Sequence[float],
-        pairs: int,
-        tokens: int,
-        seconds: float,
-        fill: float,
-    ) -> None:
-        tags = {"model": model}
-        for wait in waits:
+    def batch(self, record: BatchRecord) -> None:
+        tags = {"model": record.model}
+        for wait in record.waits:
             self._m["acare_queue_wait_seconds"].observe(wait, tags)
         self._m["acare_batches"].inc(1, tags)
-        self._m["acare_batch_requests"].observe(len(waits), tags)
-        self._m["acare_batch_pairs"].observe(pairs, tags)
-        self._m["acare_batch_tokens"].observe(tokens, tags)
-        self._m["acare_batch_seconds"].observe(seconds, tags)
-        self._m["acare_batch_fill"].observe(fill, tags)
+        self._m["acare_batch_requests"].observe(len(record.waits), tags)
+        self._m["acare_batch_pairs"].observe(record.pairs, tags)
+        self._m["acare_batch_tokens"].observe(record.tokens, tags)
+        self._m["acare_batch_seconds"].observe(record.seconds, tags)
+        self._m["acare_batch_fill"].observe(record.fill, tags)
 
 
 class RequestMetrics:

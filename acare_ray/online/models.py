@@ -84,7 +84,7 @@ class ModelCatalog:
     def names(self) -> tuple[str, ...]:
         return tuple(self.sources)
 
-    def resolve(self, body: str | None = None, header: str | None = None) -> str:
+    def name_for(self, body: str | None = None, header: str | None = None) -> str:
         """The name of the model to answer a request whose body named ``body`` and whose
         routing header named ``header`` (either may be None); raises :class:`ClientError`."""
         if not self.strict:

@@ -7,11 +7,13 @@ any number of jobs in one :meth:`Scorer.score_many` call (each job's prefix shar
 documents). Scores are the scorer's raw log-odds (see :mod:`acare_ray.scoring.scorer`); turning them
 into a 0..1 ``relevance_score`` is the API layer's business.
 
-Client mistakes raise :class:`ClientError` with the HTTP status and the request field at fault.
+Client mistakes raise :class:`ClientError` with the HTTP status and the request field at fault;
+a :class:`ValueError` the scorer raises later is turned into one by :func:`scoring_refusal`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,8 +30,6 @@ from acare_ray.scoring import (
     score_isolated,
 )
 
-# The request field that carries each context field (AgentContext's names are the core's).
-WIRE_FIELDS = {"question": "original_question", "reasoning": "reasoning"}
 # Error messages may quote client input (a mode name, an exception text): never echo more.
 MAX_MESSAGE_CHARS = 300
 
@@ -51,6 +51,39 @@ class ClientError(Exception):
         self.field = field
         self.message = bounded(f"{field}: {message}")
         super().__init__(self.message)
+
+
+# The scoring core names a search's inputs as AgentContext does; a request as its endpoint does.
+_REQUEST_FIELD = {
+    "sub_query": "query",
+    "question": "original_question",
+    "reasoning": "reasoning",
+    "instruction": "instruction",
+}
+_CORE_FIELD = re.compile(r"(?P<name>\w+)(?P<index>\[\d+\])?:?\s+")
+_NEEDED_FIELD = re.compile(r"needs the field '(?P<name>\w+)'")
+# Said of the prompt beside the documents (too long): the query and its context.
+_CONTEXT_ERRORS = ("prompt without document", "context is")
+
+
+def scoring_refusal(search: Search, err: ValueError) -> ClientError:
+    """The 422 for a :class:`ValueError` the scorer raised on ``search``'s job, naming the
+    request field at fault the way the client sent it (``texts[1]`` on TEI where the core says
+    ``documents[1]``, ``query`` where it says ``sub_query``); an error that names no field is
+    put on the documents."""
+    message = str(err)
+    if message.startswith(_CONTEXT_ERRORS):
+        return ClientError(422, "query", f"with its context: {message}")
+    needed = _NEEDED_FIELD.search(message)
+    if needed and needed["name"] in _REQUEST_FIELD:
+        return ClientError(422, _REQUEST_FIELD[needed["name"]], message)
+    named = _CORE_FIELD.match(message)
+    if named and named["name"] == "documents":
+        field = search.documents_field + (named["index"] or "")
+        return ClientError(422, field, message[named.end() :])
+    if named and named["name"] in _REQUEST_FIELD:
+        return ClientError(422, _REQUEST_FIELD[named["name"]], message[named.end() :])
+    return ClientError(422, search.documents_field, message)
 
 
 @dataclass(frozen=True)
@@ -256,7 +289,7 @@ class RerankService:
             if missing := context.missing_field(mode):
                 raise ClientError(
                     422,
-                    WIRE_FIELDS[missing],
+                    _REQUEST_FIELD[missing],
                     f"mode {mode.value} reads it, but it is missing or empty",
                 )
         return context.for_mode(mode), mode

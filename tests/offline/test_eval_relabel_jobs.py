@@ -15,7 +15,7 @@ from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES, synthetic_searches
 from acare_ray.metrics import evaluate, holm_bonferroni
 from acare_ray.offline.job import ActorPool
-from acare_ray.offline.relabel import RelabelConfig, read_groups
+from acare_ray.offline.relabel import RelabelConfig, read_relabel_groups
 from acare_ray.offline.relabel import run as relabel
 from acare_ray.offline.score import LABELER_INSTRUCTION, labeler_context
 from acare_ray.schema import parse_group, parse_search
@@ -203,7 +203,7 @@ def test_relabel_job_writes_one_row_per_search_and_groups_from_the_labeler(
         assert [d["doc_id"] for d in group["negatives"]] == [
             search.candidates[i].doc_id for i in order[-7:]
         ]
-    groups = read_groups(str(out))
+    groups = read_relabel_groups(str(out))
     assert groups.num_rows == len(ok)
     for index, group in enumerate(groups.to_pylist()):
         parse_group(group, index)

@@ -102,3 +102,86 @@ def test_a_locked_output_exits_2_naming_the_holder(monkeypatch, capsys, tmp_path
     argv = ["rerank", "--input", "x", "--output", str(tmp_path), "--model", "m"]
     assert main(argv) == 2
     assert f"acare rerank: error: output {tmp_path} is locked by run r1" in capsys.readouterr().err
+
+
+def _built_config(monkeypatch, argv: list[str]):
+    """The config the CLI hands the job's ``run`` for ``argv``."""
+    import sys
+
+    from acare_ray.offline.evaluate import EvalConfig
+    from acare_ray.offline.fit_fusion import FitFusionConfig
+    from acare_ray.offline.relabel import RelabelConfig
+    from acare_ray.offline.rerank import RerankConfig
+
+    classes = {
+        "rerank": RerankConfig,
+        "relabel": RelabelConfig,
+        "eval": EvalConfig,
+        "fit-fusion": FitFusionConfig,
+    }
+    seen = []
+
+    def run(config):
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(sys.modules[classes[argv[0]].__module__], "run", run)
+    with pytest.raises(SystemExit):
+        main(argv)
+    return classes[argv[0]], seen[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "required"),
+    [
+        (["rerank", "--output", "o"], {"output": "o"}),
+        (["relabel", "--output", "o"], {"output": "o"}),
+        (["eval", "--report-dir", "r"], {"report_dir": "r"}),
+        (["fit-fusion", "--work-dir", "w"], {"work_dir": "w"}),
+    ],
+)
+def test_the_cli_leaves_every_default_to_the_job_config(monkeypatch, tmp_path, argv, required):
+    """Defaults live in the job configs alone: flags not given build the config its own
+    defaults build (issue 22: the CLI restated every default)."""
+    model = str(tmp_path)  # fit-fusion stores into a checkpoint folder
+    cls, built = _built_config(monkeypatch, [*argv, "--input", "in", "--model", model])
+    assert built == cls(input="in", model=model, **required)
+
+
+def test_every_flag_reaches_its_config_field(monkeypatch, tmp_path):
+    _, built = _built_config(
+        monkeypatch,
+        ["eval", "--input", "in", "--model", "m", "--report-dir", "r"]
+        + ["--modes", "M0, M3", "--measures", "nDCG@5", "--test", "bootstrap"]
+        + ["--resamples", "50", "--seed", "3", "--sessions", "--session-depth", "4"]
+        + ["--group-by", "agent", "--fusion", "none", "--fusion", "rrf", "--no-first-stage"]
+        + ["--actors", "2", "--batch-size", "8", "--max-batch-tokens", "999"]
+        + ["--revision", "abc", "--ray-address", "auto"],
+    )
+    assert (built.modes, built.measures, built.test) == (("M0", "M3"), ("nDCG@5",), "bootstrap")
+    assert (built.n_resamples, built.seed, built.sessions, built.session_depth) == (50, 3, True, 4)
+    assert (built.group_by, built.fusion, built.first_stage) == ("agent", ("none", "rrf"), False)
+    assert (built.pool.min_size, built.pool.max_size, built.pool.batch_size) == (2, 2, 8)
+    assert built.scorer.options() == {"max_batch_tokens": 999, "revision": "abc"}
+    assert built.ray_address == "auto"
+    _, relabel = _built_config(
+        monkeypatch,
+        ["relabel", "--input", "in", "--model", "m", "--output", "o", "--negatives", "3"]
+        + ["--gold-aware", "--negatives-from", "hard", "--keep-failed", "--instruction", "Judge"]
+        + ["--retry-errors"],
+    )
+    assert (relabel.negatives, relabel.gold_aware, relabel.negatives_from) == (3, True, "hard")
+    assert (relabel.keep_failed, relabel.retry_errors) == (True, True)
+    assert relabel.scorer.instruction == "Judge"
+    _, fitting = _built_config(
+        monkeypatch,
+        ["fit-fusion", "--input", "in", "--model", str(tmp_path), "--work-dir", "w"]
+        + ["--mode", "M2", "--methods", "rrf", "--k", "30", "--measure", "RR@10", "--no-write"],
+    )
+    assert (fitting.mode, fitting.methods, fitting.k, fitting.write) == (
+        "M2",
+        ("rrf",),
+        30.0,
+        False,
+    )
+    assert fitting.measure == "RR@10"

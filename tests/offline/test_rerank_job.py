@@ -24,10 +24,10 @@ from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES
 from acare_ray.offline import resume
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, ScorerSettings, run_job
+from acare_ray.offline.job import ActorPool, Job, ScorerSettings, run_job
 from acare_ray.offline.lock import LOCK_FILE, OutputLock
 from acare_ray.offline.rerank import RerankConfig, run
-from acare_ray.offline.resume import MANIFEST, part_files, resolve
+from acare_ray.offline.resume import MANIFEST, part_files, storage_paths
 from acare_ray.schema import parse_search
 
 pytestmark = pytest.mark.slow
@@ -95,7 +95,7 @@ def test_second_run_over_the_same_output_writes_nothing_new(
     first_run, tiny_qwen3_dir, mixed_searches
 ):
     out, first = first_run
-    fs, root, _ = resolve(str(out))
+    fs, root, _ = storage_paths(str(out))
     before = {p: os.path.getmtime(p) for p in part_files(fs, root)}
     again = run(config(mixed_searches, out, model=str(tiny_qwen3_dir)))
     assert (again.written, again.files_written) == (0, 0)
@@ -117,7 +117,7 @@ def test_part_file_cut_short_is_rewritten_exactly_once(
 ):
     out = tmp_path / "out"
     shutil.copytree(first_run[0], out)
-    fs, root, _ = resolve(str(out))
+    fs, root, _ = storage_paths(str(out))
     files = part_files(fs, root)
     table = pa.concat_tables([pq.read_table(p) for p in files])
     half = table.num_rows // 2
@@ -175,16 +175,16 @@ def test_the_job_runs_within_its_object_store_budget_and_restores_the_limits(
     marker = tmp_path / "budget"
     pool = ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100, object_store_mb=1)
     kwargs = {"model": str(tiny_qwen3_dir), "modes": ("M0",), "scorer_options": SETTINGS.options()}
-    run_job(
+    job = Job(
         "rerank",
         str(path),
         str(tmp_path / "out"),
         BudgetSpy,
-        {"marker": str(marker), **kwargs},
-        pool,
+        actor_kwargs={"marker": str(marker), **kwargs},
         manifest={"test": "budget"},
         key_column="mode",
     )
+    run_job(job, pool)
     assert float(marker.read_text()) == 2**20  # object_store_mb=1
     ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
     assert sorted(ids) == sorted(r["search_id"] for r in rows)
@@ -197,21 +197,21 @@ def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
 ):
     path, rows, errors = mixed_searches
     marker = tmp_path / "killed"
-    counts = run_job(
+    job = Job(
         "rerank",
         str(path),
         str(tmp_path / "out"),
         KillOnce,
-        {
+        actor_kwargs={
             "marker": str(marker),
             "model": str(tiny_qwen3_dir),
             "modes": ("M0",),
             "scorer_options": SETTINGS.options(),
         },
-        ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100),
         manifest={"test": "kill"},
         key_column="mode",
     )
+    counts = run_job(job, ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100))
     assert marker.exists()
     ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
     assert sorted(ids) == sorted(r["search_id"] for r in rows)
@@ -225,7 +225,7 @@ def test_resume_over_many_part_files_with_one_cut_mid_write(
     nothing else, and every search ends up in the output exactly once."""
     out = tmp_path / "out"
     shutil.copytree(first_run[0], out)
-    fs, root, _ = resolve(str(out))
+    fs, root, _ = storage_paths(str(out))
     table = pa.concat_tables([pq.read_table(p) for p in part_files(fs, root)])
     for path in part_files(fs, root):
         Path(path).unlink()
@@ -370,7 +370,7 @@ def test_transient_read_error_bad_utf8_cell_and_second_job_lose_and_duplicate_no
 
     out = tmp_path / "out"
     shutil.copytree(first_run[0], out)
-    fs, root, _ = resolve(str(out))
+    fs, root, _ = storage_paths(str(out))
     for path in part_files(fs, root)[::2]:
         Path(path).unlink()
     kept = {p: os.path.getmtime(p) for p in part_files(fs, root)}
@@ -384,9 +384,9 @@ def test_transient_read_error_bad_utf8_cell_and_second_job_lose_and_duplicate_no
     assert not (out / LOCK_FILE).exists()
 
     flaky = FlakyFS(failures=2)
-    real_resolve = resolve
+    real_resolve = storage_paths
     monkeypatch.setattr(
-        resume, "resolve", lambda p: (flaky, root, p) if p == str(out) else real_resolve(p)
+        resume, "storage_paths", lambda p: (flaky, root, p) if p == str(out) else real_resolve(p)
     )
     counts = run(config(mixed_searches, out, model=str(tiny_qwen3_dir), input=str(tmp_path / "in")))
     assert flaky.failures == 0  # both injected errors were hit
@@ -413,7 +413,7 @@ def test_retry_errors_rescores_errored_searches_exactly_once(
     rows in == rows out, the once-failed search now scored, the invalid rows errored again."""
     out = tmp_path / "out"
     shutil.copytree(first_run[0], out)
-    fs, root, _ = resolve(str(out))
+    fs, root, _ = storage_paths(str(out))
     _, rows, errors = mixed_searches
     victim = next(r["search_id"] for r in rows if r["search_id"] not in errors)
     for path in part_files(fs, root):

@@ -79,7 +79,7 @@ def test_persistent_read_error_fails_loudly_and_deletes_nothing(tmp_path, monkey
     out = tmp_path / "out"
     files = make_output(out, [output_rows(["a", "b"]), output_rows(["c"])])
     flaky = FlakyFS(failures=10**6)
-    monkeypatch.setattr(resume, "resolve", lambda p: (flaky, str(out), str(out)))
+    monkeypatch.setattr(resume, "storage_paths", lambda p: (flaky, str(out), str(out)))
     with pytest.raises(
         StorageError, match=r"footer of .*earlier_w_000000-0.parquet.*nothing was deleted"
     ):

@@ -12,7 +12,7 @@ import ray.cloudpickle
 from offline_support import read_rows
 
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import WORKER_ENV, ActorPool, run_job
+from acare_ray.offline.job import WORKER_ENV, ActorPool, Job, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -54,21 +54,21 @@ def test_gpu_actors_land_only_on_the_gpu_node_and_fall_back_to_cpu(
     path, rows, errors = mixed_searches
     records = tmp_path / "records"
     records.mkdir()
-    counts = run_job(
+    job = Job(
         "rerank",
         str(path),
         str(tmp_path / "out"),
         WhereAmI,
-        {
+        actor_kwargs={
             "record_dir": str(records),
             "model": str(tiny_qwen3_dir),
             "modes": ("M0",),
             "scorer_options": {"max_length": 1024},
         },
-        ActorPool(min_size=2, max_size=2, gpus_per_actor=0.5, batch_size=4),
         manifest={"test": "two-node"},
         key_column="mode",
     )
+    counts = run_job(job, ActorPool(min_size=2, max_size=2, gpus_per_actor=0.5, batch_size=4))
     seen = [json.loads(p.read_text()) for p in records.iterdir()]
     assert seen  # Ray Data may start fewer actors than the pool allows for one input block
     assert {s["node_id"] for s in seen} == {cluster}

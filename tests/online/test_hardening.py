@@ -5,6 +5,7 @@ property-based fuzz of the API (no 5xx; every 4xx names the field)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from acare_ray.online.admission import Admission
 from acare_ray.online.deployment import AppArgs
 from acare_ray.online.http import Scored, create_api, parse_keys
 from acare_ray.online.service import Limits, RerankService, Search
+from acare_ray.scoring import AgentContext
 
 DOCUMENTS = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
 MAX_DOCUMENTS = 8
@@ -115,6 +117,59 @@ def test_a_body_that_never_arrives_gets_408(service):
     asyncio.run(run())
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"])["message"].startswith("body")
+
+
+def _blank_second_document(prepare):
+    """``prepare`` that lets through a document the scorer refuses (a job gone bad after it
+    was validated), so the scorer's own error reaches the HTTP layer."""
+
+    def prepared(search):
+        job = prepare(search)
+        return dataclasses.replace(job, documents=(job.documents[0], " ", *job.documents[2:]))
+
+    return prepared
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/rerank", {"query": "q", "texts": ["a", "b"]}, "texts[1]"),
+        ("/v2/rerank", {"query": "q", "documents": ["a", "b"]}, "documents[1]"),
+    ],
+)
+def test_a_document_the_scorer_refuses_is_named_as_the_client_sent_it(
+    service, monkeypatch, path, body, field
+):
+    """Pins issue 22: a ValueError from scoring was always reported on `documents`, which a TEI
+    client never sent (its field is `texts`); the 422 names the client's own field and index."""
+    monkeypatch.setattr(service, "prepare", _blank_second_document(service.prepare))
+    response = app(service).post(path, json=body)
+    assert response.status_code == 422
+    assert response.json()["message"].startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(
+    ("refusal", "field"),
+    [
+        (lambda: AgentContext(" "), "query"),
+        (lambda: AgentContext("q", reasoning=5), "reasoning"),
+        (lambda: AgentContext("q", question=5), "original_question"),
+        (lambda: AgentContext("q").resolve_mode("M2"), "original_question"),
+    ],
+)
+def test_a_context_the_scorer_refuses_is_not_blamed_on_the_documents(
+    service, monkeypatch, refusal, field
+):
+    """Pins issue 22: a ValueError the scorer raised about the query, question or reasoning
+    was reported on `documents`; the 422 names the request's own field for it."""
+
+    def score_many(*_, **__):
+        refusal()
+
+    monkeypatch.setattr(service.scorer, "score_many", score_many)
+    response = app(service).post("/rerank", json={"query": "q", "texts": ["a"]})
+    assert response.status_code == 422
+    assert response.json()["message"].startswith(f"{field}: ")
 
 
 def test_echoed_fields_that_are_not_unicode_get_422_not_500(service):

@@ -91,20 +91,20 @@ def test_default_model_without_models_is_refused():
 def test_a_one_model_config_is_a_catalog_that_ignores_the_requested_name():
     catalog = AppArgs.model_validate({"model": "m", "served_model_name": "acare"}).catalog()
     assert catalog.names == ("acare",) and not catalog.strict
-    assert catalog.resolve("rerank-v3.5", "whatever") == "acare"
+    assert catalog.name_for("rerank-v3.5", "whatever") == "acare"
 
 
 def test_resolve_picks_the_named_model_and_refuses_unknown_or_contradicting_names():
     catalog = ModelCatalog({n: ModelSource(n) for n in NAMES}, "base")
-    assert catalog.resolve() == "base"
-    assert catalog.resolve("acare-ft") == "acare-ft"
-    assert catalog.resolve(None, "acare-ft-musique") == "acare-ft-musique"
-    assert catalog.resolve("acare-ft", "acare-ft") == "acare-ft"
+    assert catalog.name_for() == "base"
+    assert catalog.name_for("acare-ft") == "acare-ft"
+    assert catalog.name_for(None, "acare-ft-musique") == "acare-ft-musique"
+    assert catalog.name_for("acare-ft", "acare-ft") == "acare-ft"
     with pytest.raises(UnknownModel) as unknown:
-        catalog.resolve("gpt-4")
+        catalog.name_for("gpt-4")
     assert unknown.value.status == 404 and unknown.value.available == NAMES
     with pytest.raises(ClientError) as both:
-        catalog.resolve("base", "acare-ft")
+        catalog.name_for("base", "acare-ft")
     assert both.value.status == 400 and both.value.field == "model"
 
 

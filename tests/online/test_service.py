@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob, Search
+from acare_ray.online.service import (
+    ClientError,
+    Limits,
+    RerankService,
+    ScoringJob,
+    Search,
+    scoring_refusal,
+)
 from acare_ray.scoring import AgentContext, Mode, Scorer
 
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
@@ -161,6 +168,27 @@ def test_a_job_the_scorer_rejects_does_not_fail_the_others(causal, tiny_scorer):
     want = tiny_scorer.score(AgentContext("capital population"), DOCUMENTS, Mode.M0)
     np.testing.assert_allclose(results[0], want, atol=1e-5)
     np.testing.assert_allclose(results[2], want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("message", "field", "said"),
+    [
+        ("documents[2] is empty", "first_stage[2]", "first_stage[2]: is empty"),
+        ("documents must be a list of strings, got str", "first_stage", None),
+        ("sub_query is missing or empty", "query", "query: is missing or empty"),
+        ("reasoning: expected a string, got int", "reasoning", None),
+        ("mode M3 needs the field 'question', which is missing", "original_question", None),
+        ("prompt without document is 9 tokens, max_length is 8", "query", None),
+        ("something the scorer did not attribute", "first_stage", None),
+    ],
+)
+def test_a_scorer_error_names_the_request_field(message, field, said):
+    """Pins issue 22: every ValueError from scoring was put on `documents`, whatever the
+    request called its documents (`texts`, `first_stage`) and whatever field was at fault."""
+    refusal = scoring_refusal(search(documents_field="first_stage"), ValueError(message))
+    assert (refusal.status, refusal.field) == (422, field)
+    if said is not None:
+        assert refusal.message == said
 
 
 def test_empty_documents_cost_nothing(causal):
