@@ -525,9 +525,14 @@ def main(argv: list[str] | None = None) -> int:
         (work / f"fit-seed{args.seed}-M0" / "fit.json").exists()
         and (work / f"eval-seed{args.seed}" / "report.json").exists()
     ):
+        import ray
+
         from acare_ray.training.trainer import start_local_ray
 
-        # One logical CPU more than the 2 scoring actors use, for the read and write tasks.
+        # The training stage's Ray instance has 2 CPUs; the jobs need one more than their 2
+        # scoring actors, for the read and write tasks.
+        if ray.is_initialized():
+            ray.shutdown()
         start_local_ray(num_cpus=3)
     if stages & {"fit", "eval", "loop"}:
         result["fit"] = fit(work, checkpoint, args)

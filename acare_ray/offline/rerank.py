@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acare_ray.fusion import FusionConfig, resolve
+from acare_ray.fusion import FusionConfig, resolve_fusion
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.scoring import Mode, parse_mode
@@ -43,13 +43,13 @@ class RerankConfig:
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
-        resolve(self.fusion, None)
+        resolve_fusion(self.fusion, None)
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
 
     def resolved_fusion(self) -> FusionConfig:
         """The fusion this job applies: ``fusion``, with ``auto`` resolved for the model."""
-        return resolve(self.fusion, read_fusion(self.model))
+        return resolve_fusion(self.fusion, read_fusion(self.model))
 
 
 def run(config: RerankConfig) -> JobCounts:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from acare_ray import causal_lm
 from acare_ray.scoring import AgentContext, Mode
+from acare_ray.scoring.batching import pad_right
+from acare_ray.scoring.causal import fast as fast_path
 
 CONTEXT = AgentContext(
     "capital population",
@@ -29,7 +30,7 @@ def _batch(tiny_scorer, documents):
     seqs = [
         d + encoder.suffix_ids for d in encoder.document_ids(documents, [4096] * len(documents))
     ]
-    ids, lengths = causal_lm.pad_right(seqs)
+    ids, lengths = pad_right(seqs)
     return prefix, ids, lengths
 
 
@@ -40,18 +41,18 @@ def test_split_prefix_attention_equals_concatenation(tiny_scorer, monkeypatch, d
     prefix, ids, lengths = _batch(tiny_scorer, DOCUMENTS)
     assert prefix.shape[1] >= ids.shape[1], "the fixture must take the split path"
     taken = []
-    split = causal_lm._attend_shared_prefix
+    split = fast_path._attend_shared_prefix
 
     def spy(*args, **kwargs):
         taken.append(True)
         return split(*args, **kwargs)
 
-    monkeypatch.setattr(causal_lm, "_attend_shared_prefix", spy)
+    monkeypatch.setattr(fast_path, "_attend_shared_prefix", spy)
     with torch.inference_mode():
         state = module.encode_prefixes(prefix, torch.ones_like(prefix, dtype=torch.bool))
         fast = module.score_documents(state, ids, lengths)
     assert taken
-    monkeypatch.setattr(causal_lm, "_CPU_FLASH", None)
+    monkeypatch.setattr(fast_path, "_CPU_FLASH", None)
     with torch.inference_mode():
         plain = module.score_documents(state, ids, lengths)
     fast, plain = fast.float().numpy(), plain.float().numpy()

@@ -126,16 +126,25 @@ def _sliding_reasons(config) -> list[str]:
     return reasons
 
 
-def _decoder_reasons(decoder: nn.Module, config) -> list[str]:
+def _children_reasons(
+    module: nn.Module, required: set[str], optional: set[str] = frozenset(), label: str = ""
+) -> list[str]:
+    """What ``module`` lacks of the ``required`` child modules, and the children the fast path
+    would not run (neither required nor ``optional``)."""
     reasons = []
-    children = {name for name, _ in decoder.named_children()}
-    if missing := DECODER_CHILDREN - children:
-        reasons.append(f"decoder {type(decoder).__name__} lacks {', '.join(sorted(missing))}")
-    if extra := children - DECODER_CHILDREN:
+    children = {name for name, _ in module.named_children()}
+    if missing := required - children:
+        reasons.append(f"{label}{type(module).__name__} lacks {', '.join(sorted(missing))}")
+    if extra := children - required - optional:
         reasons.append(
-            f"decoder {type(decoder).__name__} has modules the fast path does not run: "
+            f"{label}{type(module).__name__} has modules the fast path does not run: "
             f"{', '.join(sorted(extra))}"
         )
+    return reasons
+
+
+def _decoder_reasons(decoder: nn.Module, config) -> list[str]:
+    reasons = _children_reasons(decoder, DECODER_CHILDREN, label="decoder ")
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         return reasons
@@ -153,26 +162,12 @@ def _decoder_reasons(decoder: nn.Module, config) -> list[str]:
 
 
 def _layer_reasons(layer: nn.Module, config) -> list[str]:
-    reasons = []
-    children = {name for name, _ in layer.named_children()}
-    if missing := LAYER_CHILDREN - children:
-        reasons.append(f"{type(layer).__name__} lacks {', '.join(sorted(missing))}")
-    if extra := children - LAYER_CHILDREN:
-        reasons.append(
-            f"{type(layer).__name__} has modules the fast path does not run: "
-            f"{', '.join(sorted(extra))}"
-        )
+    reasons = _children_reasons(layer, LAYER_CHILDREN)
     attn = getattr(layer, "self_attn", None)
     if not isinstance(attn, nn.Module):
         return reasons
     names = {name for name, _ in attn.named_children()}
-    if missing := ATTENTION_PROJECTIONS - names:
-        reasons.append(f"{type(attn).__name__} lacks {', '.join(sorted(missing))}")
-    if extra := names - ATTENTION_PROJECTIONS - ATTENTION_NORMS:
-        reasons.append(
-            f"{type(attn).__name__} has modules the fast path does not run: "
-            f"{', '.join(sorted(extra))}"
-        )
+    reasons += _children_reasons(attn, ATTENTION_PROJECTIONS, optional=ATTENTION_NORMS)
     if len(names & ATTENTION_NORMS) == 1:
         reasons.append(f"{type(attn).__name__} has only one of q_norm / k_norm")
     for name in ATTENTION_PROJECTIONS & names:
