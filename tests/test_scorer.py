@@ -243,3 +243,15 @@ def test_both_backends_implement_the_one_backend_protocol(tiny_scorer, minilm_sc
         acare_ray.training.loop,
     ):
         assert "backend.name ==" not in inspect.getsource(module), module.__name__
+
+
+def test_options_override_a_given_config_even_back_to_a_default():
+    """``from_pretrained(config=..., **options)``: an option wins over the config, also when it
+    sets a field back to its default; None keeps the config's value; unknown names raise."""
+    from acare_ray.scoring import ScorerConfig
+
+    base = ScorerConfig(compile=True, max_batch_tokens=99, max_length=300)
+    merged = ScorerConfig.from_options({"compile": False, "max_length": None}, base=base)
+    assert (merged.compile, merged.max_batch_tokens, merged.max_length) == (False, 99, 300)
+    with pytest.raises(TypeError, match="unknown Scorer options: bogus"):
+        ScorerConfig.from_options({"bogus": 1})

@@ -86,16 +86,19 @@ class ScorerConfig:
             )
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> ScorerConfig:
-        """A config from keyword options (``Scorer.from_pretrained``'s ``**options``); an option
-        set to None keeps its default. Unknown names raise a TypeError listing the known ones."""
+    def from_options(
+        cls, options: dict[str, Any], base: ScorerConfig | None = None
+    ) -> ScorerConfig:
+        """``base`` (default: the defaults) with keyword options (``Scorer.from_pretrained``'s
+        ``**options``) set on it; an option set to None keeps the base's value. Unknown names
+        raise a TypeError listing the known ones."""
         known = {f.name for f in fields(cls)}
         if unknown := set(options) - known:
             raise TypeError(
                 f"unknown Scorer options: {', '.join(sorted(unknown))} "
                 f"(known: {', '.join(sorted(known))})"
             )
-        return replace(cls(), **{k: v for k, v in options.items() if v is not None})
+        return replace(base or cls(), **{k: v for k, v in options.items() if v is not None})
 
     def prompt(self, saved: dict[str, Any], default: PromptConfig) -> PromptConfig:
         """The prompt settings: this config's, else the checkpoint's ``acare.json`` (``saved``),

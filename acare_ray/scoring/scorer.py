@@ -14,7 +14,7 @@ by a token budget (:func:`acare_ray.scoring.batching.plan_batches`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -99,8 +99,7 @@ class Scorer:
         loaded at; pin a commit hash so a re-pushed model cannot change what runs. None: the
         default branch. A local folder has no revisions (transformers ignores it there).
         """
-        overrides = ScorerConfig.from_options(options)
-        config = replace(config, **_changed(overrides)) if config is not None else overrides
+        config = ScorerConfig.from_options(options, base=config)
         path = resolve_model_path(name_or_path)
         saved = read_acare_config(path)
         if backend == "auto":
@@ -192,13 +191,3 @@ class Scorer:
             "instruction": self.backend.prompt.instruction,
         }
         return config | self.backend.checkpoint_fields()
-
-
-def _changed(config: ScorerConfig) -> dict[str, Any]:
-    """The fields of ``config`` that differ from the defaults."""
-    default = ScorerConfig()
-    return {
-        f.name: getattr(config, f.name)
-        for f in fields(config)
-        if getattr(config, f.name) != getattr(default, f.name)
-    }
