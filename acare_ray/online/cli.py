@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -70,6 +71,22 @@ def serve_config(options: ServeConfig) -> dict[str, Any]:
     return config
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM both shut the app down the way ``serve run`` does on Ctrl-C.
+
+    A shell that starts a command in the background without job control (a script's ``&``,
+    ``nohup``, many CI runners) hands it SIGINT ignored, and Python keeps it ignored, so
+    ``kill -INT`` did nothing; SIGTERM (what a service manager or Kubernetes sends) killed the
+    driver without shutting Serve down.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def run(options: ServeConfig) -> int:
     from pydantic import ValidationError
 
@@ -90,6 +107,7 @@ def run(options: ServeConfig) -> int:
         http = config.get("http_options", {})
         print(f"acare serve: http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}")
         address = ["--address", options.address] if options.address else []
+        stop_on_signals()
         serve_cli.main(args=["run", str(path), *address], prog_name="serve", standalone_mode=False)
     return 0
 
