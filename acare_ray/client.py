@@ -255,6 +255,23 @@ class _Base:
     def _call(self, path: str, idempotent: bool) -> _Call:
         return _Call(self, self._url(path), idempotent, time.monotonic() + self.retry_budget_s)
 
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        idempotent: bool = False,
+    ) -> Any:
+        """One call with the retry policy; the decoded JSON answer (None for an empty body),
+        awaited on :class:`AsyncAcareClient`. ``idempotent``: the call is safe to repeat, so a
+        500/502 answer is retried too."""
+        return self._send(method, body, self._call(path, idempotent))
+
+    def _send(self, method: str, body: dict[str, Any] | None, call: _Call) -> Any:
+        """Attempts of ``call`` over this client's transport, waiting as ``call`` says."""
+        raise NotImplementedError
+
 
 class _Call:
     """The retry policy of one call (see the module docstring), apart from its transport: after
@@ -296,17 +313,7 @@ class AcareClient(_Base):
     def _open(self, transport: httpx.BaseTransport | None) -> httpx.Client:
         return httpx.Client(timeout=self._timeout, headers=self._headers, transport=transport)
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        idempotent: bool = False,
-    ) -> Any:
-        """One call with the retry policy; the decoded JSON answer (None for an empty body).
-        ``idempotent``: the call is safe to repeat, so a 500/502 answer is retried too."""
-        call = self._call(path, idempotent)
+    def _send(self, method: str, body: dict[str, Any] | None, call: _Call) -> Any:
         while True:
             try:
                 response = self.http.request(method, call.url, json=body)
@@ -352,15 +359,7 @@ class AsyncAcareClient(_Base):
     def _open(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=self._timeout, headers=self._headers, transport=transport)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        idempotent: bool = False,
-    ) -> Any:
-        call = self._call(path, idempotent)
+    async def _send(self, method: str, body: dict[str, Any] | None, call: _Call) -> Any:
         while True:
             try:
                 response = await self.http.request(method, call.url, json=body)

@@ -132,7 +132,6 @@ def _story(world: _World, rng: random.Random) -> tuple[str, list[_Step]]:
     if len(chain) == 2:
         plan += f", and finally {T.CITY_FACTS[chain[1]]['ask']} its capital"
     found = rng.choice(spec["found"]).format(**fill)
-    others = [i for i in range(N_COUNTRIES) if i != g]
     other_anchors = [a for a in range(len(world.anchors)) if a != target]
     steps = [
         _Step(
@@ -145,33 +144,31 @@ def _story(world: _World, rng: random.Random) -> tuple[str, list[_Step]]:
             ("anchor", g),
         )
     ]
-    rest = [f for f in T.COUNTRY_FACTS if f != chain[0]]
-    steps.append(
-        _Step(
-            T.COUNTRY_FACTS[chain[0]]["sub_query"],
-            country[chain[0]],
-            f"{found} Now I need {ask} {country['name']}.",
-            [("country", i, chain[0]) for i in range(N_COUNTRIES)]
-            + [("country", g, f) for f in rest]
-            + [("country", i, rng.choice(rest)) for i in rng.sample(others, 2)],
-            ("country", g, chain[0]),
-        )
-    )
+    reasoning = f"{found} Now I need {ask} {country['name']}."
+    steps.append(_fact_step("country", T.COUNTRY_FACTS, chain[0], country, reasoning, g, rng))
     if len(chain) == 2:
-        fact, capital = T.CITY_FACTS[chain[1]], country["capital"]
-        rest = [f for f in T.CITY_FACTS if f != chain[1]]
-        steps.append(
-            _Step(
-                fact["sub_query"],
-                country[chain[1]],
-                f"{found} Its capital is {capital}. Finally I need {fact['ask']} {capital}.",
-                [("city", i, chain[1]) for i in range(N_COUNTRIES)]
-                + [("city", g, f) for f in rest]
-                + [("city", i, rng.choice(rest)) for i in rng.sample(others, 2)],
-                ("city", g, chain[1]),
-            )
-        )
+        capital, city_ask = country["capital"], T.CITY_FACTS[chain[1]]["ask"]
+        reasoning = f"{found} Its capital is {capital}. Finally I need {city_ask} {capital}."
+        steps.append(_fact_step("city", T.CITY_FACTS, chain[1], country, reasoning, g, rng))
     return question, steps
+
+
+def _fact_step(
+    kind: str, facts: dict, fact: str, country: dict, reasoning: str, g: int, rng: random.Random
+) -> _Step:
+    """The step that looks up ``fact`` (a key of ``facts``) of country ``g``: its candidates are
+    that fact of every country, the other facts of ``g`` and a random fact of two others."""
+    rest = [f for f in facts if f != fact]
+    others = [i for i in range(N_COUNTRIES) if i != g]
+    return _Step(
+        facts[fact]["sub_query"],
+        country[fact],
+        reasoning,
+        [(kind, i, fact) for i in range(N_COUNTRIES)]
+        + [(kind, g, f) for f in rest]
+        + [(kind, i, rng.choice(rest)) for i in rng.sample(others, 2)],
+        (kind, g, fact),
+    )
 
 
 def _session(seed: int, index: int, salt: int) -> list[dict[str, Any]]:

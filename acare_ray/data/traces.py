@@ -60,22 +60,15 @@ import pyarrow as pa
 
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.data.io import jsonl_lines
-from acare_ray.schema import SEARCHES
+from acare_ray.schema import CANDIDATE, SEARCHES
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("r1-searcher", "generic")
 
 TRACE_CANDIDATE = pa.struct(
-    [
-        ("doc_id", pa.string()),
-        ("text", pa.string()),
-        ("first_stage_score", pa.float64()),
-        ("relevance", pa.int32()),
-        ("page", pa.string()),
-        ("origin", pa.string()),
-        ("agent_rank", pa.int32()),
-    ]
+    [CANDIDATE.field(name) for name in ("doc_id", "text", "first_stage_score", "relevance")]
+    + [("page", pa.string()), ("origin", pa.string()), ("agent_rank", pa.int32())]
 )
 TRACE_SEARCHES = (
     SEARCHES.set(

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow.dataset as pads
@@ -56,21 +57,22 @@ def _submit(cluster, job: str, command: list[str]) -> subprocess.CompletedProces
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
+def _ok(argv: list[str], env: dict[str, str], timeout: float, **options: Any) -> str:
+    """Runs ``argv`` with the cluster's ``env``; asserts that it exited 0 (the end of its output
+    is the message) and returns its stdout."""
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, **options)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done.stdout
+
+
 def _rows(path: Path) -> list[dict]:
     return pads.dataset(str(path), format="parquet").to_table().to_pylist()
 
 
 def test_two_nodes_joined(cluster):
     address, env = cluster
-    out = subprocess.run(
-        [str(BIN / "ray"), "list", "nodes", "--address", address, "--format", "json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.count('"state": "ALIVE"') == 2
+    nodes = [str(BIN / "ray"), "list", "nodes", "--address", address, "--format", "json"]
+    assert _ok(nodes, env, 120).count('"state": "ALIVE"') == 2
 
 
 @pytest.mark.parametrize("job", ["rerank", "relabel", "eval"])
@@ -135,26 +137,10 @@ def test_serve_deploy_status_and_the_cohere_client(cluster):
     until RUNNING, then the README's ``cohere`` client code against the proxy."""
     address, env = cluster
     serve = str(BIN / "serve")
-    deploy = subprocess.run(
-        [serve, "deploy", "serve_configs/local.yaml", "--address", address],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO,
-    )
-    assert deploy.returncode == 0, (deploy.stdout + deploy.stderr)[-3000:]
+    _ok([serve, "deploy", "serve_configs/local.yaml", "--address", address], env, 180, cwd=REPO)
     deadline, status = time.monotonic() + 300, ""
     while time.monotonic() < deadline:
-        done = subprocess.run(
-            [serve, "status", "--address", address],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-        status = done.stdout
+        status = _ok([serve, "status", "--address", address], env, 120)
         parsed = yaml.safe_load(status) or {}
         app = (parsed.get("applications") or {}).get("acare") or {}
         if app.get("status") == "RUNNING":
@@ -174,11 +160,4 @@ def test_serve_deploy_status_and_the_cohere_client(cluster):
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
     response = namespace["response"]
     assert [r.index for r in response.results] and response.meta.mode == "M3"
-    shutdown = subprocess.run(
-        [serve, "shutdown", "--yes", "--address", address],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert shutdown.returncode == 0, (shutdown.stdout + shutdown.stderr)[-3000:]
+    _ok([serve, "shutdown", "--yes", "--address", address], env, 180)

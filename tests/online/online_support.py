@@ -1,12 +1,18 @@
-"""What the Serve tests of this folder share: the repository's local Serve config made ready for
-a test (a test model, a free port, no API key, half a CPU per replica)."""
+"""What the tests of this folder share: the repository's local Serve config made ready for a
+test (a test model, a free port, no API key, half a CPU per replica), and, for the HTTP app
+without Ray, admission wired the way the deployment wires it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from acare_ray.online.admission import Admission
+from acare_ray.online.http import Scored
+from acare_ray.online.service import RerankService
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,3 +29,33 @@ def local_serve_config(model: str | Path, port: int, name: str) -> tuple[dict, d
     app["args"].update(model=str(model), api_key_env=None, allow_unauthenticated=True)
     app["deployments"][0]["ray_actor_options"] = {"num_cpus": 0.5}
     return config, app
+
+
+def admitted_scoring(service: RerankService, admission: Admission):
+    """A ``score`` callback for ``create_api`` with ``admission`` wired as the deployment wires
+    it (admitted by the job's token bound, refused with the decision's refusal, done once
+    answered), scoring inline on a thread; a job the service answers with an error raises it."""
+
+    async def score(job, client):
+        decision = admission.admit(job.bound, client)
+        if not decision.admitted:
+            raise decision.refusal(admission.deadline_s)
+        try:
+            (scores,) = await asyncio.to_thread(service.score, [job])
+            if isinstance(scores, Exception):
+                raise scores
+            return Scored(scores)
+        finally:
+            admission.done(job.bound, client)
+
+    return score
+
+
+def admission_screen(admission: Admission):
+    """A ``screen`` callback for ``create_api``: ``admission``'s early refusal, else None."""
+
+    def screen(client: str):
+        decision = admission.screen(client)
+        return None if decision.admitted else decision.refusal(admission.deadline_s)
+
+    return screen

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from fastapi.testclient import TestClient
+from online_support import admission_screen, admitted_scoring
 
 from acare_ray.online.admission import Admission, Overloaded
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import create_api
 from acare_ray.online.service import RerankService
 
 DOCUMENTS = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
@@ -123,22 +122,8 @@ def service(tiny_scorer) -> RerankService:
 
 def app_with(service: RerankService, admission: Admission, screens: bool = True) -> TestClient:
     """The HTTP app with admission wired the way the deployment wires it, scoring inline."""
-
-    async def score(job, client):
-        decision = admission.admit(job.tokens, client)
-        if not decision.admitted:
-            raise decision.refusal(admission.deadline_s)
-        try:
-            (scores,) = await asyncio.to_thread(service.score, [job])
-            return Scored(scores)
-        finally:
-            admission.done(job.tokens, client)
-
-    def screen(client: str):
-        decision = admission.screen(client)
-        return None if decision.admitted else decision.refusal(admission.deadline_s)
-
-    return TestClient(create_api(service, score, screen=screen if screens else None))
+    screen = admission_screen(admission) if screens else None
+    return TestClient(create_api(service, admitted_scoring(service, admission), screen=screen))
 
 
 @pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank", "/rerank"])
@@ -161,12 +146,7 @@ def test_a_refused_request_gets_503_with_retry_after(service, path, where):
 def test_an_unauthorized_request_gets_401_not_503(service):
     admission = Admission(deadline_s=1.0, prior_tokens_per_s=1.0)
     admission.admit(1000)
-
-    def screen(client: str):
-        decision = admission.screen(client)
-        return None if decision.admitted else decision.refusal(admission.deadline_s)
-
-    client = TestClient(create_api(service, None, api_key="k", screen=screen))
+    client = TestClient(create_api(service, None, api_key="k", screen=admission_screen(admission)))
     response = client.post("/rerank", json={"query": "q", "texts": DOCUMENTS})
     assert response.status_code == 401
 

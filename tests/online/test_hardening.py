@@ -12,10 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from online_support import admission_screen, admitted_scoring
 
 from acare_ray.online.admission import Admission
 from acare_ray.online.deployment import AppArgs
-from acare_ray.online.http import Scored, create_api, parse_keys
+from acare_ray.online.http import create_api, parse_keys
 from acare_ray.online.service import Limits, RerankService, Search
 from acare_ray.scoring import AgentContext
 
@@ -31,20 +32,7 @@ def service(tiny_scorer) -> RerankService:
 
 def app(service, admission=None, **options) -> TestClient:
     admission = admission or Admission(deadline_s=10.0, prior_tokens_per_s=1e6)
-
-    async def score(job, client):
-        decision = admission.admit(job.bound, client)
-        if not decision.admitted:
-            raise decision.refusal(admission.deadline_s)
-        try:
-            (scores,) = await asyncio.to_thread(service.score, [job])
-            if isinstance(scores, Exception):
-                raise scores
-            return Scored(scores)
-        finally:
-            admission.done(job.bound, client)
-
-    return TestClient(create_api(service, score, **options))
+    return TestClient(create_api(service, admitted_scoring(service, admission), **options))
 
 
 def test_the_token_cap_refuses_before_anything_is_tokenized(service, monkeypatch):
@@ -254,13 +242,8 @@ def test_a_client_holding_its_whole_share_is_refused_before_its_body_is_read(ser
     still gets 429), while another client is read and answered."""
     admission = Admission(deadline_s=10.0, prior_tokens_per_s=100.0, client_share=0.5)
     assert admission.admit(500, "key:0", now=0.0).admitted  # 5 s: the whole share
-
-    def screen(client: str):
-        decision = admission.screen(client)
-        return None if decision.admitted else decision.refusal(admission.deadline_s)
-
     keys = ("heavy-key", "light-key")
-    client = app(service, admission, screen=screen, api_key=keys)
+    client = app(service, admission, screen=admission_screen(admission), api_key=keys)
     heavy = client.post(
         "/rerank", content=b"{not json", headers={"authorization": "Bearer heavy-key"}
     )

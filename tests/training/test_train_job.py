@@ -79,7 +79,7 @@ def task(tmp_path_factory):
     return str(train), str(val)
 
 
-def _config(task, model_dir, output, name, strategy="ddp") -> TrainConfig:
+def _config(task, model_dir, output, name, strategy="ddp", max_failures=0) -> TrainConfig:
     return TrainConfig(
         data=task[0],
         val_data=task[1],
@@ -96,6 +96,7 @@ def _config(task, model_dir, output, name, strategy="ddp") -> TrainConfig:
         warmup_ratio=0.0,
         eval_modes=("M0", "M3"),
         log_every=4,
+        max_failures=max_failures,
     )
 
 
@@ -115,12 +116,10 @@ def reference(ray_local, task, tiny_qwen3_dir, tmp_path_factory):
     return config, result
 
 
-def test_ddp_checkpoint_scores_equal_the_trained_model_in_memory(reference):
-    config, result = reference
-    checkpoint = Path(result.checkpoint.path)
-    assert read_training_info(checkpoint)["step"] == 12
+def _scores_as_in_memory(checkpoint: Path, result) -> Scorer:
+    """The scorer loaded from ``checkpoint``, after asserting that it scores the probe in every
+    mode as the run's trained model did in memory (``result`` of :func:`_train_and_probe`)."""
     loaded = Scorer.from_pretrained(str(checkpoint), device="cpu")
-    assert loaded.backend.name == "causal_lm"
     for mode in Mode:
         np.testing.assert_allclose(
             loaded.score(PROBE, PROBE_DOCS, mode),
@@ -128,6 +127,15 @@ def test_ddp_checkpoint_scores_equal_the_trained_model_in_memory(reference):
             atol=1e-5,
             rtol=1e-5,
         )
+    return loaded
+
+
+def test_ddp_checkpoint_scores_equal_the_trained_model_in_memory(reference):
+    config, result = reference
+    checkpoint = Path(result.checkpoint.path)
+    assert read_training_info(checkpoint)["step"] == 12
+    loaded = _scores_as_in_memory(checkpoint, result)
+    assert loaded.backend.name == "causal_lm"
     kept = sorted(p.name for p in checkpoint.parent.glob("checkpoint_0*"))
     assert kept == ["checkpoint_0000008", "checkpoint_0000012"]  # keep_checkpoints=2
 
@@ -151,14 +159,7 @@ def test_fsdp_run_trains_like_ddp_and_its_checkpoint_serves(
     config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "fsdp", strategy="fsdp")
     result = build_trainer(config, train_fn=_train_and_probe).fit()
     checkpoint = Path(result.checkpoint.path)
-    loaded = Scorer.from_pretrained(str(checkpoint), device="cpu")
-    for mode in Mode:
-        np.testing.assert_allclose(
-            loaded.score(PROBE, PROBE_DOCS, mode),
-            result.return_value["scores"][mode.value],
-            atol=1e-5,
-            rtol=1e-5,
-        )
+    _scores_as_in_memory(checkpoint, result)
     sharded = load_file(checkpoint / "model.safetensors")
     replicated = load_file(Path(ddp.checkpoint.path) / "model.safetensors")
     assert sharded.keys() == replicated.keys()  # tied lm_head stored once, as save_pretrained does
@@ -212,15 +213,23 @@ def test_killed_run_relaunched_resumes_at_its_checkpoint(reference, task, tiny_q
     assert saved["name"] == "killed"
 
 
-def _crash_rank1_after_first_checkpoint(marker: str):
+def _failing_once(marker: str, rank: int, before_failing=None, setup=None):
+    """A train_fn whose rank ``rank`` fails the worker group right after saving its first
+    checkpoint, once (``marker`` records that it did). ``setup()`` runs in each worker before
+    training, ``before_failing(worker, metrics)`` just before the failure."""
+
     def train_fn(loop_config: dict) -> list:
         worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
+        if setup is not None:
+            setup()
         save = worker.save_and_report
 
         def save_then_crash(metrics: dict) -> None:
             save(metrics)
-            if worker.rank == 1 and not os.path.exists(marker):
+            if worker.rank == rank and not os.path.exists(marker):
                 open(marker, "w").close()
+                if before_failing is not None:
+                    before_failing(worker, metrics)
                 raise RuntimeError("injected worker failure")
 
         worker.save_and_report = save_then_crash
@@ -233,14 +242,9 @@ def test_failed_worker_group_restarts_from_the_last_checkpoint(
     reference, task, tiny_qwen3_dir, tmp_path
 ):
     _, ref_result = reference
-    config = TrainConfig.from_dict(
-        {
-            **_config(task, tiny_qwen3_dir, tmp_path / "runs", "restarted").to_dict(),
-            "max_failures": 1,
-        }
-    )
+    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "restarted", max_failures=1)
     marker = tmp_path / "crashed"
-    result = build_trainer(config, train_fn=_crash_rank1_after_first_checkpoint(str(marker))).fit()
+    result = build_trainer(config, train_fn=_failing_once(str(marker), rank=1)).fit()
     assert marker.exists()
     final = Path(result.checkpoint.path)
     info = read_training_info(final)
@@ -255,10 +259,9 @@ def _drop_trainer_state_then_crash(marker: str, staged_log: str):
     """Rank 0 records where each checkpoint is staged; after the first checkpoint it deletes
     that checkpoint's ``trainer_state.pt`` and fails the worker group (once)."""
 
-    def train_fn(loop_config: dict) -> list:
+    def record_staging() -> None:
         from acare_ray.training import checkpoint as ckpt
 
-        worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
         write = ckpt.write_checkpoint
 
         def recorded_write(directory, *args, **kwargs):
@@ -267,22 +270,14 @@ def _drop_trainer_state_then_crash(marker: str, staged_log: str):
             return write(directory, *args, **kwargs)
 
         ckpt.write_checkpoint = recorded_write
-        save = worker.save_and_report
 
-        def save_then_crash(metrics: dict) -> None:
-            save(metrics)
-            if worker.rank == 0 and not os.path.exists(marker):
-                open(marker, "w").close()
-                run_dir = Path(worker.config.output) / worker.config.name
-                os.remove(run_dir / f"checkpoint_{metrics['step']:07d}" / "trainer_state.pt")
-                # what a save killed mid-write leaves behind; the restart must clear it
-                (run_dir / ".acare-staging" / ".rank0-checkpoint_0000008.partial-dead").mkdir()
-                raise RuntimeError("injected worker failure")
+    def drop_trainer_state(worker: WorkerRun, metrics: dict) -> None:
+        run_dir = Path(worker.config.output) / worker.config.name
+        os.remove(run_dir / f"checkpoint_{metrics['step']:07d}" / "trainer_state.pt")
+        # what a save killed mid-write leaves behind; the restart must clear it
+        (run_dir / ".acare-staging" / ".rank0-checkpoint_0000008.partial-dead").mkdir()
 
-        worker.save_and_report = save_then_crash
-        return worker.fit()
-
-    return train_fn
+    return _failing_once(marker, 0, drop_trainer_state, setup=record_staging)
 
 
 def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(
@@ -294,12 +289,7 @@ def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(
     learning-rate schedule continues where it was (same ``lr`` at steps 8 and 12 as the
     uninterrupted run), and every checkpoint was staged under the run's own folder."""
     _, ref_result = reference
-    config = TrainConfig.from_dict(
-        {
-            **_config(task, tiny_qwen3_dir, tmp_path / "runs", "no-state").to_dict(),
-            "max_failures": 1,
-        }
-    )
+    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "no-state", max_failures=1)
     marker, staged_log = tmp_path / "crashed", tmp_path / "staged.txt"
     result = build_trainer(
         config, train_fn=_drop_trainer_state_then_crash(str(marker), str(staged_log))
