@@ -141,12 +141,19 @@ def running(
 ) -> Iterator[subprocess.Popen]:
     """``command`` running with its output in ``log``; stopped on exit as Ctrl-C stops it.
 
-    ``env`` is added to this process's environment. On exit the process gets SIGINT (what
-    ``acare serve`` and ``acare mcp`` shut down on) and 90 s to end, then SIGKILL.
+    ``env`` is added to this process's environment. The command starts with SIGINT ignored,
+    as a script's ``command &`` starts it (the harder case for a server to stop on). On exit
+    it gets SIGINT (what ``acare serve`` and ``acare mcp`` shut down on); one still running
+    90 s later is killed and fails the caller: a server that ignores Ctrl-C is a defect, not
+    a slow teardown.
     """
     with Path(log).open("w") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=os.environ | dict(env or {})
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=os.environ | dict(env or {}),
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
         try:
             yield process
@@ -157,6 +164,9 @@ def running(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+                raise AssertionError(
+                    f"{command[:4]} did not stop within 90 s of SIGINT; log: {log}"
+                ) from None
 
 
 def wait_until(

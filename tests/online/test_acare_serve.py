@@ -61,3 +61,25 @@ def test_the_default_config_is_found_from_any_directory(tmp_path):
     config = yaml.safe_load(done.stdout)
     assert config["http_options"]["port"] == 8123
     assert config["applications"][0]["import_path"].startswith("acare_ray.")
+
+
+def test_sigterm_and_an_ignored_sigint_both_stop_the_app_as_ctrl_c_does():
+    """A background job of a non-interactive shell starts with SIGINT ignored, and SIGTERM
+    (a service manager's stop) ended the driver without Serve's shutdown; after
+    ``stop_on_signals`` both raise KeyboardInterrupt, which ``serve run`` shuts down on."""
+    import os
+    import signal
+
+    from acare_ray.online.cli import stop_on_signals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_on_signals()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signum)
+                signal.sigtimedwait([], 0)  # let the handler run before leaving the block
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
