@@ -112,3 +112,20 @@ def pytest_sessionfinish(session, exitstatus):
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+# Modules that shut the shared in-process cluster down to start one of their own (a real
+# ``ray start`` cluster, several nodes): run after every module that shares ``ray_local``, so
+# it starts once per run, not again after each of them.
+OWN_CLUSTER_MODULES = (
+    "tests/infra/test_real_cluster.py",
+    "tests/offline/test_two_node_cluster.py",
+    "tests/online/test_metrics_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def own_cluster(item) -> bool:
+        return item.nodeid.split("::", 1)[0] in OWN_CLUSTER_MODULES
+
+    items.sort(key=own_cluster)  # stable: the order within each group is unchanged

@@ -50,7 +50,7 @@ def as_argv(command: str, **swap: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_qwen3_dir, tmp_path_factory, require_data):
+def served(ray_local, tiny_qwen3_dir, tmp_path_factory, require_data):
     """docs/agents.md section 7's first three commands (4 tasks, the tiny Qwen3, a free port):
     the bench's corpus exported, indexed and served with ``/v1/search``; yields the base URL
     and the folder. One app for the whole module."""
@@ -66,7 +66,8 @@ def served(tiny_qwen3_dir, tmp_path_factory, require_data):
     swap = {"./model": str(tiny_qwen3_dir), "8000": str(port)}
     # run from the repository (serve's default --config is relative to it)
     command = as_argv(serve, **swap, **{"agent-index": str(workdir / "agent-index")})
-    command += ["--address", "local"]
+    # on the suite's shared cluster (started once), not a new one of its own
+    command += ["--address", ray_local.get_runtime_context().gcs_address]
     env = {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
     log = workdir / "serve.log"
     base = f"http://127.0.0.1:{port}"

@@ -70,7 +70,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(workdir, tiny_qwen3_dir):
+def served(ray_local, workdir, tiny_qwen3_dir):
     """docs/agents.md sections 1 and 2, run as written (model and port swapped)."""
     commands = doc_commands()
     index = next(c for c in commands if c.startswith("acare index"))
@@ -81,7 +81,8 @@ def served(workdir, tiny_qwen3_dir):
     serve = next(c for c in commands if c.startswith("acare serve"))
     swap = {"./model": str(tiny_qwen3_dir), "my-index": str(workdir / "my-index")}
     command = argv(serve, **swap, **{"8000": str(port)})
-    command += ["--address", "local"]
+    # on the suite's shared cluster (started once), not a new one of its own
+    command += ["--address", ray_local.get_runtime_context().gcs_address]
     base = f"http://127.0.0.1:{port}"
     log = workdir / "serve.log"
     env = {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": ""}
