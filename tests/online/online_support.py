@@ -59,3 +59,21 @@ def admission_screen(admission: Admission):
         return None if decision.admitted else decision.refusal(admission.deadline_s)
 
     return screen
+
+
+def cohere_rerank(base: str, model: str, documents: list[str], top_n: int | None = None, **fields):
+    """The ``cohere`` v2 client's rerank of ``QUERY`` against the app at ``base``, the agent
+    context (``original_question``, ``reasoning``) sent as extra body fields, as a user sends
+    them; returns the client's response."""
+    import cohere
+    from scoring_support import QUERY
+
+    co = cohere.ClientV2(api_key="unused", base_url=base)
+    options = {} if top_n is None else {"top_n": top_n}
+    return co.rerank(
+        model=model,
+        query=QUERY,
+        documents=documents,
+        request_options={"additional_body_parameters": fields},
+        **options,
+    )

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from online_support import local_serve_config
+from online_support import cohere_rerank, local_serve_config
 from pydantic import ValidationError
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
@@ -286,19 +286,13 @@ def test_auto_fusion_is_the_fitted_setting_of_the_model_that_answers(http):
 
 
 def test_the_cohere_clients_model_argument_picks_the_model(served, scorers):
-    co = cohere.ClientV2(api_key="unused", base_url=served["base"])
-    response = co.rerank(
-        model="acare-ft-musique",
-        query=QUERY,
-        documents=DOCUMENTS,
-        request_options={"additional_body_parameters": {"reasoning": REASONING}},
-    )
+    response = cohere_rerank(served["base"], "acare-ft-musique", DOCUMENTS, reasoning=REASONING)
     assert response.meta.model == "acare-ft-musique"
     got = {r.index: r.relevance_score for r in response.results}
     want = expit(expected(scorers["acare-ft-musique"]))
     np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-5)
     with pytest.raises(cohere.core.api_error.ApiError) as refused:
-        co.rerank(model="rerank-v3.5", query=QUERY, documents=DOCUMENTS)
+        cohere_rerank(served["base"], "rerank-v3.5", DOCUMENTS)
     assert refused.value.status_code == 404
 
 

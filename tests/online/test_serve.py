@@ -39,7 +39,7 @@ import cohere
 import httpx
 import numpy as np
 import pytest
-from online_support import local_serve_config
+from online_support import cohere_rerank, local_serve_config
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, CONTEXT, QUERY, QUESTION, REASONING
 
@@ -211,15 +211,8 @@ def assert_ranked_like(indices: list[int], scores: np.ndarray, top_n: int | None
 
 
 def test_cohere_client_v2_with_context_scores_like_the_scorer(served, scorer):
-    co = cohere.ClientV2(api_key="unused", base_url=served["base"])
-    response = co.rerank(
-        model="acare",
-        query=QUERY,
-        documents=DOCUMENTS,
-        top_n=3,
-        request_options={
-            "additional_body_parameters": {"original_question": QUESTION, "reasoning": REASONING}
-        },
+    response = cohere_rerank(
+        served["base"], "acare", DOCUMENTS, top_n=3, original_question=QUESTION, reasoning=REASONING
     )
     want = expected(scorer, FULL, DOCUMENTS)
     indices = [r.index for r in response.results]
