@@ -1,9 +1,20 @@
 """A clone of the committed repository, with no folder beside it, runs its tests.
 
 The clone sees only committed files, so a fixture that lives outside the repository (or is not
-committed) fails here. It runs scorer exactness, the prompt layout and the KubeRay schema
-checks with the clone's own code, no dataset (``ACARE_DATA_DIR`` points nowhere) and ``CI``
-unset, so dataset-dependent tests skip instead of failing.
+committed) fails here. It runs, with the clone's own code, no dataset (``ACARE_DATA_DIR``
+points nowhere) and ``CI`` unset (dataset-dependent tests skip instead of failing), tests that
+between them load every committed fixture from the clone:
+
+- ``tests/fixtures/qwen3_tokenizer``: the prompt layout tests (``tests/test_prompt.py``) load
+  it with ``AutoTokenizer``, and the tiny random Qwen3 of ``tiny_qwen3_dir`` is built with it
+  (``acare_ray.testing.build_random_qwen3``), which a scorer test then loads and scores;
+- ``tests/fixtures/model_configs/*/config.json``: the real Qwen3 layouts checked against the
+  fast path, one test per config;
+- ``tests/fixtures/kuberay_crds/*.yaml``: every KubeRay manifest is validated against the CRD
+  of its kind (RayCluster, RayService, RayJob).
+
+The rest of the scorer's tests read no fixture beyond the tiny model, so they are not run a
+second time here.
 """
 
 from __future__ import annotations
@@ -19,7 +30,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-SUBSET = ("tests/test_scorer.py", "tests/test_prompt.py", "tests/infra/test_kuberay_manifests.py")
+SUBSET = (
+    "tests/test_prompt.py",
+    "tests/infra/test_kuberay_manifests.py",
+    "tests/test_causal_fallback.py::test_real_qwen3_configs_fit_the_fast_path",
+    "tests/test_scorer.py::test_scores_are_float32_in_input_order",
+)
 CLEARED = ("CI", "ACARE_DATA_DIR", "PYTHONPATH")
 
 
@@ -66,6 +82,7 @@ def test_the_clone_imports_its_own_package(clone, env):
 
 
 def test_scorer_prompt_and_infra_tests_pass_in_the_clone(clone, env):
+    """The SUBSET passes from the clone: a fixture missing from it fails its tests."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *SUBSET],
         cwd=clone,
