@@ -135,75 +135,48 @@ def test_part_file_cut_short_is_rewritten_exactly_once(
     assert sorted(ids) == sorted(r["search_id"] for r in mixed_searches[1])
 
 
-class KillOnce(ScorerActor):
-    """Kills its own process (SIGKILL, no cleanup) on its second batch, once per job."""
+class KillOnceAndSpyBudget(ScorerActor):
+    """Writes the object-store limit its job executes under to ``budget``, scores, and kills
+    its own process (SIGKILL, no cleanup) on its second batch, once per job (``killed``)."""
 
-    def __init__(self, marker: str, **kwargs) -> None:
+    def __init__(self, budget: str, killed: str, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.marker = marker
+        from ray.data import DataContext
+
+        limits = DataContext.get_current().execution_options.resource_limits
+        Path(budget).write_text(str(limits.object_store_memory))
+        self.killed = killed
         self.calls = 0
 
     def __call__(self, batch):
         self.calls += 1
         if self.calls == 2:
             try:
-                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+                os.close(os.open(self.killed, os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 return super().__call__(batch)
             os.kill(os.getpid(), signal.SIGKILL)
         return super().__call__(batch)
 
 
-class BudgetSpy(ScorerActor):
-    """Writes the object-store limit its job executes under to ``marker``, then scores."""
-
-    def __init__(self, marker: str, **kwargs) -> None:
-        super().__init__(**kwargs)
-        from ray.data import DataContext
-
-        limits = DataContext.get_current().execution_options.resource_limits
-        Path(marker).write_text(str(limits.object_store_memory))
-
-
-def test_the_job_runs_within_its_object_store_budget_and_restores_the_limits(
+def test_killed_actor_mid_job_under_a_store_budget_yields_every_row_exactly_once(
     ray_local, mixed_searches, tiny_qwen3_dir, tmp_path
 ):
+    """One job checks two things: it runs within its object-store budget (and restores the
+    limits after), and its actor SIGKILLed mid-job loses and duplicates no row."""
     from ray.data import DataContext
 
-    path, rows, _ = mixed_searches
-    before = DataContext.get_current().execution_options.resource_limits
-    marker = tmp_path / "budget"
-    pool = ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100, object_store_mb=1)
-    kwargs = {"model": str(tiny_qwen3_dir), "modes": ("M0",), "scorer_options": SETTINGS.options()}
-    job = Job(
-        "rerank",
-        str(path),
-        str(tmp_path / "out"),
-        BudgetSpy,
-        actor_kwargs={"marker": str(marker), **kwargs},
-        manifest={"test": "budget"},
-        key_column="mode",
-    )
-    run_job(job, pool)
-    assert float(marker.read_text()) == 2**20  # object_store_mb=1
-    ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
-    assert sorted(ids) == sorted(r["search_id"] for r in rows)
-    assert DataContext.get_current().execution_options.resource_limits == before
-    assert ActorPool().store_budget_bytes is None  # no cap unless asked
-
-
-def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
-    ray_local, mixed_searches, tiny_qwen3_dir, tmp_path
-):
     path, rows, errors = mixed_searches
-    marker = tmp_path / "killed"
+    before = DataContext.get_current().execution_options.resource_limits
+    budget, killed = tmp_path / "budget", tmp_path / "killed"
     job = Job(
         "rerank",
         str(path),
         str(tmp_path / "out"),
-        KillOnce,
+        KillOnceAndSpyBudget,
         actor_kwargs={
-            "marker": str(marker),
+            "budget": str(budget),
+            "killed": str(killed),
             "model": str(tiny_qwen3_dir),
             "modes": ("M0",),
             "scorer_options": SETTINGS.options(),
@@ -211,11 +184,15 @@ def test_killed_actor_mid_job_still_yields_every_row_exactly_once(
         manifest={"test": "kill"},
         key_column="mode",
     )
-    counts = run_job(job, ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100))
-    assert marker.exists()
+    pool = ActorPool(min_size=1, max_size=1, batch_size=2, rows_per_file=100, object_store_mb=1)
+    counts = run_job(job, pool)
+    assert killed.exists()
+    assert float(budget.read_text()) == 2**20  # object_store_mb=1
     ids = [r["search_id"] for r in read_rows(tmp_path / "out")]
     assert sorted(ids) == sorted(r["search_id"] for r in rows)
     assert counts.written == len(rows) and counts.errored == len(errors)
+    assert DataContext.get_current().execution_options.resource_limits == before
+    assert ActorPool().store_budget_bytes is None  # no cap unless asked
 
 
 def test_resume_over_many_part_files_with_one_cut_mid_write(
@@ -257,7 +234,7 @@ def committed_rows(output: Path) -> int:
 
 
 def test_killed_driver_resumes_with_every_search_exactly_once(ray_local, tiny_qwen3_dir, tmp_path):
-    """``acare rerank`` SIGKILLed half-way, then the same command again: every search once,
+    """``acare rerank`` SIGKILLed a third of the way in, then the same command again: every search once,
     and the re-run scores only what was not committed."""
     import subprocess
     import time
@@ -265,7 +242,7 @@ def test_killed_driver_resumes_with_every_search_exactly_once(ray_local, tiny_qw
     from acare_ray.data.io import write_parquet
     from acare_ray.data.synthetic import synthetic_searches
 
-    table = synthetic_searches(1000, seed=5).slice(0, 2000)
+    table = synthetic_searches(240, seed=5).slice(0, 480)
     write_parquet(table, tmp_path / "searches.parquet")
     output = tmp_path / "out"
     address = ray.get_runtime_context().gcs_address
@@ -279,7 +256,7 @@ def test_killed_driver_resumes_with_every_search_exactly_once(ray_local, tiny_qw
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 600
-    while committed_rows(output) < 600:
+    while committed_rows(output) < 160:
         assert driver.poll() is None, "the job ended before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.2)

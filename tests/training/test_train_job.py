@@ -213,10 +213,11 @@ def test_killed_run_relaunched_resumes_at_its_checkpoint(reference, task, tiny_q
     assert saved["name"] == "killed"
 
 
-def _failing_once(marker: str, rank: int, before_failing=None, setup=None):
-    """A train_fn whose rank ``rank`` fails the worker group right after saving its first
-    checkpoint, once (``marker`` records that it did). ``setup()`` runs in each worker before
-    training, ``before_failing(worker, metrics)`` just before the failure."""
+def _failing(marker_dir: str, plan: dict, setup=None):
+    """A train_fn that fails the worker group right after the checkpoint of each step in
+    ``plan`` (step -> ``(rank, before_failing)``), once per step: rank ``rank`` records it with
+    a marker file in ``marker_dir``, calls ``before_failing(worker, metrics)`` if given, and
+    raises. ``setup()`` runs in each worker before training."""
 
     def train_fn(loop_config: dict) -> list:
         worker = WorkerRun(TrainConfig.from_dict(loop_config["config"]))
@@ -226,6 +227,8 @@ def _failing_once(marker: str, rank: int, before_failing=None, setup=None):
 
         def save_then_crash(metrics: dict) -> None:
             save(metrics)
+            rank, before_failing = plan.get(metrics["step"], (None, None))
+            marker = os.path.join(marker_dir, f"crashed-at-{metrics['step']}")
             if worker.rank == rank and not os.path.exists(marker):
                 open(marker, "w").close()
                 if before_failing is not None:
@@ -238,26 +241,8 @@ def _failing_once(marker: str, rank: int, before_failing=None, setup=None):
     return train_fn
 
 
-def test_failed_worker_group_restarts_from_the_last_checkpoint(
-    reference, task, tiny_qwen3_dir, tmp_path
-):
-    _, ref_result = reference
-    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "restarted", max_failures=1)
-    marker = tmp_path / "crashed"
-    result = build_trainer(config, train_fn=_failing_once(str(marker), rank=1)).fit()
-    assert marker.exists()
-    final = Path(result.checkpoint.path)
-    info = read_training_info(final)
-    assert info["resumes"] == [4] and [h["step"] for h in info["history"]] == [0, 4, 8, 12]
-    resumed = load_file(final / "model.safetensors")
-    uninterrupted = load_file(Path(ref_result.checkpoint.path) / "model.safetensors")
-    for key in resumed:
-        np.testing.assert_allclose(resumed[key], uninterrupted[key], atol=1e-6, err_msg=key)
-
-
-def _drop_trainer_state_then_crash(marker: str, staged_log: str):
-    """Rank 0 records where each checkpoint is staged; after the first checkpoint it deletes
-    that checkpoint's ``trainer_state.pt`` and fails the worker group (once)."""
+def _record_staging(staged_log: str):
+    """A worker setup that appends the folder of every checkpoint it stages to ``staged_log``."""
 
     def record_staging() -> None:
         from acare_ray.training import checkpoint as ckpt
@@ -271,39 +256,69 @@ def _drop_trainer_state_then_crash(marker: str, staged_log: str):
 
         ckpt.write_checkpoint = recorded_write
 
-    def drop_trainer_state(worker: WorkerRun, metrics: dict) -> None:
-        run_dir = Path(worker.config.output) / worker.config.name
-        os.remove(run_dir / f"checkpoint_{metrics['step']:07d}" / "trainer_state.pt")
-        # what a save killed mid-write leaves behind; the restart must clear it
-        (run_dir / ".acare-staging" / ".rank0-checkpoint_0000008.partial-dead").mkdir()
-
-    return _failing_once(marker, 0, drop_trainer_state, setup=record_staging)
+    return record_staging
 
 
-def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(
-    reference, task, tiny_qwen3_dir, tmp_path
-):
-    """Pins: a checkpoint without trainer_state.pt made every relaunch fail
-    (FileNotFoundError), and checkpoints were staged in /tmp. Now the restart resumes from the
-    step-4 weights with fresh optimizer state (recorded in ``optimizer_restarts``), the
-    learning-rate schedule continues where it was (same ``lr`` at steps 8 and 12 as the
-    uninterrupted run), and every checkpoint was staged under the run's own folder."""
+def _drop_trainer_state(worker: WorkerRun, metrics: dict) -> None:
+    """Delete the new checkpoint's ``trainer_state.pt`` and leave what a save killed mid-write
+    leaves behind in the staging folder (the restart must clear it)."""
+    run_dir = Path(worker.config.output) / worker.config.name
+    os.remove(run_dir / f"checkpoint_{metrics['step']:07d}" / "trainer_state.pt")
+    (run_dir / ".acare-staging" / ".rank0-checkpoint_0000012.partial-dead").mkdir()
+
+
+@pytest.fixture(scope="module")
+def restarted(reference, task, tiny_qwen3_dir, tmp_path_factory):
+    """One run whose worker group fails twice: rank 1 right after the step-4 checkpoint (its
+    trainer state intact), then rank 0 right after the step-8 checkpoint, whose
+    ``trainer_state.pt`` it deletes first. Both failures share one fit (max_failures=2)."""
+    root = tmp_path_factory.mktemp("restarted")
+    config = _config(task, tiny_qwen3_dir, root / "runs", "restarted", max_failures=2)
+    staged_log = root / "staged.txt"
+    plan = {4: (1, None), 8: (0, _drop_trainer_state)}
+    train_fn = _failing(str(root), plan, setup=_record_staging(str(staged_log)))
+    result = build_trainer(config, train_fn=train_fn).fit()
+    return root, result
+
+
+def test_failed_worker_group_restarts_from_the_last_checkpoint(restarted, reference):
+    """The failure after step 4 (trainer state intact): the group restarts from checkpoint 4
+    and trains exactly as the uninterrupted run did, so checkpoint 8 (saved before the second
+    failure) holds the reference run's step-8 weights."""
+    root, result = restarted
     _, ref_result = reference
-    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "no-state", max_failures=1)
-    marker, staged_log = tmp_path / "crashed", tmp_path / "staged.txt"
-    result = build_trainer(
-        config, train_fn=_drop_trainer_state_then_crash(str(marker), str(staged_log))
-    ).fit()
-    assert marker.exists()
+    assert (root / "crashed-at-4").exists()
+    final = Path(result.checkpoint.path)
+    info = read_training_info(final)
+    assert info["resumes"][0] == 4 and [h["step"] for h in info["history"]] == [0, 4, 8, 12]
+    step8 = load_file(final.parent / "checkpoint_0000008" / "model.safetensors")
+    uninterrupted = load_file(
+        Path(ref_result.checkpoint.path).parent / "checkpoint_0000008" / "model.safetensors"
+    )
+    assert step8.keys() == uninterrupted.keys()
+    for key in step8:
+        np.testing.assert_allclose(step8[key], uninterrupted[key], atol=1e-6, err_msg=key)
+
+
+def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(restarted, reference):
+    """Pins: a checkpoint without trainer_state.pt made every relaunch fail
+    (FileNotFoundError), and checkpoints were staged in /tmp. Now the restart after step 8
+    resumes from the step-8 weights with fresh optimizer state (recorded in
+    ``optimizer_restarts``), the learning-rate schedule continues where it was (same ``lr`` at
+    step 12 as the uninterrupted run), and every checkpoint was staged under the run's own
+    folder."""
+    root, result = restarted
+    _, ref_result = reference
+    assert (root / "crashed-at-8").exists()
     info = read_training_info(Path(result.checkpoint.path))
-    assert info["resumes"] == [4] and info["optimizer_restarts"] == [4]
+    assert info["resumes"] == [4, 8] and info["optimizer_restarts"] == [8]
     assert [h["step"] for h in info["history"]] == [0, 4, 8, 12]
     reference_info = read_training_info(Path(ref_result.checkpoint.path))
     lrs = {h["step"]: h["lr"] for h in info["history"] if "lr" in h}
     reference_lrs = {h["step"]: h["lr"] for h in reference_info["history"] if "lr" in h}
-    assert lrs == pytest.approx(reference_lrs)
-    staging = tmp_path / "runs" / "no-state" / ".acare-staging"
-    staged = staged_log.read_text().split()
+    assert 12 in lrs and lrs == pytest.approx(reference_lrs)
+    staging = root / "runs" / "restarted" / ".acare-staging"
+    staged = (root / "staged.txt").read_text().split()
     assert [Path(p).name for p in staged] == [f"rank0-checkpoint_{k:07d}" for k in (4, 8, 12)]
     assert all(Path(p).parent == staging for p in staged)
     assert list(staging.iterdir()) == []  # staged copies removed once persisted, leftovers cleared
