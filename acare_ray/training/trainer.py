@@ -104,12 +104,7 @@ class WorkerRun:
         if restored is not None:
             with restored.as_directory() as directory:
                 info = ckpt.read_training_info(directory)
-                mismatches = config.resume_mismatches(info["config"])
-                if mismatches:
-                    raise ValueError(
-                        f"run {config.name!r} exists with other settings and cannot be resumed "
-                        f"(use a new name): {'; '.join(mismatches)}"
-                    )
+                refuse_other_settings(config, info["config"])
                 trainer_state = ckpt.read_trainer_state(directory)
                 self.scorer = Scorer.from_pretrained(
                     directory, device=self.device, dtype=torch.float32, backend=config.backend
@@ -311,6 +306,9 @@ def run(config: TrainConfig) -> Path:
         model=_absolute(config.model),
     )
     Path(config.output).expanduser().mkdir(parents=True, exist_ok=True)
+    saved = saved_run_config(config)
+    if saved is not None:  # refused here, before any worker starts (the workers check again)
+        refuse_other_settings(config, saved)
     if not ray.is_initialized():
         if config.ray_address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=config.ray_address, log_to_driver=True)
@@ -320,6 +318,27 @@ def run(config: TrainConfig) -> Path:
     if result.checkpoint is None:
         raise RuntimeError(f"run {config.name!r} finished without a checkpoint")
     return Path(result.checkpoint.path)
+
+
+def refuse_other_settings(config: TrainConfig, saved: dict[str, Any]) -> None:
+    """ValueError naming each setting of ``config`` that differs from a saved run's ``saved``
+    settings in a way that would change its data order (resuming it would not be that run)."""
+    mismatches = config.resume_mismatches(saved)
+    if mismatches:
+        raise ValueError(
+            f"run {config.name!r} exists with other settings and cannot be resumed "
+            f"(use a new name): {'; '.join(mismatches)}"
+        )
+
+
+def saved_run_config(config: TrainConfig) -> dict[str, Any] | None:
+    """The settings saved with the newest checkpoint of the run ``config`` names (its output
+    folder and name); None when the run has no checkpoint yet."""
+    run_dir = Path(config.output).expanduser() / config.name
+    for checkpoint in sorted(run_dir.glob("checkpoint_*"), reverse=True):
+        if (checkpoint / ckpt.TRAINING_FILE).is_file():
+            return ckpt.read_training_info(checkpoint)["config"]
+    return None
 
 
 def start_local_ray(num_cpus: int | None = None, **init_kwargs: Any) -> str:

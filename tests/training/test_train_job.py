@@ -328,7 +328,8 @@ def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir
     config, result = reference
     changed = _config(task, tiny_qwen3_dir, config.output, "reference")
     changed = TrainConfig.from_dict({**changed.to_dict(), "seed": 1})
-    with pytest.raises(Exception, match="cannot be resumed.*seed: saved 0, now 1"):
+    # Refused by the driver before any worker starts: a ValueError, not a failed Train run.
+    with pytest.raises(ValueError, match="cannot be resumed.*seed: saved 0, now 1"):
         run(changed)
 
 
