@@ -194,7 +194,7 @@ def first_stage_baselines(test_path: Path, resamples: int) -> dict:
     """No reranker: the BM25 order, and the agent's own retriever order (its 5 passages first,
     then BM25), through the same per-search measures and session replay."""
     from acare_ray.metrics import bootstrap_ci, evaluate
-    from acare_ray.offline.session_eval import load_sessions, session_section
+    from acare_ray.offline.session_eval import Significance, load_sessions, session_section
 
     rows = read_parquet(test_path).to_pylist()
     qrels = {r["search_id"]: {c["doc_id"]: c["relevance"] for c in r["candidates"]} for r in rows}
@@ -219,8 +219,9 @@ def first_stage_baselines(test_path: Path, resamples: int) -> dict:
         for name, v in per_query.items()
     }
     data = load_sessions(str(test_path), "agent")
-    sessions = session_section(data, runs, per_query, list(runs), n_resamples=resamples)
-    shallow = session_section(data, runs, {}, list(runs), depth=5, n_resamples=resamples)
+    significance = Significance(n_resamples=resamples)
+    sessions = session_section(data, runs, per_query, list(runs), significance=significance)
+    shallow = session_section(data, runs, {}, list(runs), depth=5, significance=significance)
     return {
         "metrics": metrics,
         "sessions": sessions["metrics"],
@@ -233,11 +234,11 @@ def sessions_at_depth(report: dict, test_path: Path, depth: int, resamples: int)
     """The session replay of an evaluation's written rankings with another depth (no
     rescoring): all sessions and per agent. R1-Searcher shows its agent 5 passages a search."""
     from acare_ray.offline.evaluate import load_runs
-    from acare_ray.offline.session_eval import load_sessions, session_section
+    from acare_ray.offline.session_eval import Significance, load_sessions, session_section
 
     runs, _ = load_runs(report["files"]["rerank_output"], tuple(MODES))
     data = load_sessions(str(test_path), "agent")
-    options = {"depth": depth, "n_resamples": resamples}
+    options = {"depth": depth, "significance": Significance(n_resamples=resamples)}
     out = {"all": session_section(data, runs, {}, MODES, **options)}
     for agent in sorted(set(data.group_of.values())):
         keep = lambda sid, a=agent: data.group_of.get(sid) == a  # noqa: E731

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from acare_ray.metrics import paired_randomization_test
-from acare_ray.offline.session_eval import SessionData, session_section
+from acare_ray.offline.session_eval import SessionData, Significance, session_section
 from acare_ray.sessions import SessionSearch, replay_session, session_means
 
 
@@ -73,7 +73,9 @@ def _data(n_sessions: int) -> tuple[SessionData, dict, dict]:
 
 def test_session_paired_test_equals_metrics_on_the_session_means():
     data, runs, per_query = _data(12)
-    section = session_section(data, runs, per_query, ["M0", "M2"], n_resamples=2000)
+    section = session_section(
+        data, runs, per_query, ["M0", "M2"], significance=Significance(n_resamples=2000)
+    )
     row = next(r for r in section["comparisons"] if r["measure"] == "nDCG@10 (session mean)")
     a = session_means(per_query["M0"]["nDCG@10"], data.session_of)
     b = session_means(per_query["M2"]["nDCG@10"], data.session_of)
@@ -105,7 +107,9 @@ def test_sessions_without_gold_or_with_an_unscored_search_are_counted_not_replay
     data, runs, per_query = _data(6)
     data.gold["sess0"] = set()
     del runs["M2"]["sess1:s0"]
-    section = session_section(data, runs, per_query, ["M0", "M2"], n_resamples=200)
+    section = session_section(
+        data, runs, per_query, ["M0", "M2"], significance=Significance(n_resamples=200)
+    )
     assert section["counts"]["no_gold_page"] == 1
     assert section["counts"]["not_scored_in_every_mode"] == 1
     assert section["counts"]["evaluated"] == 4

@@ -326,7 +326,7 @@ def _sessions(data, runs, per_query, config: EvalConfig, keep=None) -> dict[str,
         per_query,
         list(runs),
         depth=config.session_depth,
-        **asdict(config.significance),
+        significance=config.significance,
         **options,
     )
 

@@ -89,6 +89,12 @@ def load_sessions(path: str, group_by: str | None = None) -> SessionData:
     return data
 
 
+# Keyed by mode, then two levels: runs {mode: {search id: {doc id: score}}}, per-search
+# measures {mode: {measure: {search id: value}}}, session values {mode: {measure: {session: value}}}.
+ByMode = Mapping[str, Mapping[str, Mapping[str, float]]]
+Values = dict[str, dict[str, dict[str, float]]]
+
+
 @dataclass(frozen=True)
 class Significance:
     """How two systems are compared: a paired ``randomization`` (sign flip) or ``bootstrap``
@@ -103,7 +109,7 @@ class Significance:
 
 
 def paired_comparisons(
-    values: Mapping[str, Mapping[str, Mapping[str, float]]],
+    values: ByMode,
     modes: Sequence[str],
     measures: Sequence[str],
     significance: Significance,
@@ -145,24 +151,14 @@ def paired_comparisons(
     return out
 
 
-def session_section(
+def eligible_sessions(
     data: SessionData,
-    runs: Mapping[str, Mapping[str, Mapping[str, float]]],
-    per_query: Mapping[str, Mapping[str, Mapping[str, float]]],
+    runs: ByMode,
     modes: Sequence[str],
-    *,
-    depth: int = 10,
-    test: str = Significance.test,
-    n_resamples: int = Significance.n_resamples,
-    seed: int = Significance.seed,
-    confidence: float = Significance.confidence,
-    alpha: float = Significance.alpha,
-    keep: Callable[[str], bool] = lambda session_id: True,
-) -> dict[str, Any]:
-    """Replay every eligible session in every mode; means with CIs, first-found histograms and
-    session-paired tests of the session measures and of the per-search measures (tested as
-    :class:`Significance` says)."""
-    significance = Significance(test, n_resamples, seed, confidence, alpha)
+    keep: Callable[[str], bool],
+) -> tuple[list[str], dict[str, int]]:
+    """The sessions ``keep`` selects that have a gold page and every search scored in every
+    mode, and the counts of why the others were left out."""
     counts = {"sessions": 0, "evaluated": 0, "no_gold_page": 0, "not_scored_in_every_mode": 0}
     eligible = []
     for sid, searches in data.searches.items():
@@ -177,10 +173,20 @@ def session_section(
             eligible.append(sid)
     counts["evaluated"] = len(eligible)
     counts["searches"] = sum(len(data.searches[s]) for s in eligible)
-    if len(eligible) < 2:
-        return {"counts": counts, "note": "fewer than 2 sessions to compare"}
+    return eligible, counts
+
+
+def replayed_measures(
+    data: SessionData,
+    runs: ByMode,
+    modes: Sequence[str],
+    eligible: Sequence[str],
+    depth: int,
+) -> tuple[Values, dict[str, dict[str, int]]]:
+    """Each mode's session measures (``values[mode][measure][session]``) from replaying the
+    ``eligible`` sessions at ``depth``, and its histogram of where gold pages were first found."""
     names = ("session_recall", "session_recall_mean", f"useful@{depth}")
-    values: dict[str, dict[str, dict[str, float]]] = {}
+    values: Values = {}
     first_found: dict[str, dict[str, int]] = {}
     for mode in modes:
         values[mode] = {name: {} for name in names}
@@ -195,8 +201,20 @@ def session_section(
         first_found[mode] = dict(
             sorted(histogram.items(), key=lambda kv: (kv[0] == "never", kv[0].zfill(4)))
         )
+    return values, first_found
+
+
+def session_means_of_searches(
+    data: SessionData,
+    per_query: ByMode,
+    modes: Sequence[str],
+    eligible: Sequence[str],
+) -> Values:
+    """``{mode: {"<measure> (session mean)": {session: mean}}}`` of each per-search measure
+    over the searches of the ``eligible`` sessions."""
     search_measures = list(next(iter(per_query.values()))) if per_query else []
     chosen = set(eligible)
+    out: Values = {mode: {} for mode in modes}
     for mode in modes:
         for measure in search_measures:
             scored = {
@@ -204,28 +222,44 @@ def session_section(
                 for q, v in per_query[mode][measure].items()
                 if data.session_of.get(q) in chosen
             }
-            means = session_means(scored, data.session_of)
-            values[mode][f"{measure} (session mean)"] = means
-    measures = list(names) + [f"{m} (session mean)" for m in search_measures]
+            out[mode][f"{measure} (session mean)"] = session_means(scored, data.session_of)
+    return out
+
+
+def session_section(
+    data: SessionData,
+    runs: ByMode,
+    per_query: ByMode,
+    modes: Sequence[str],
+    *,
+    depth: int = 10,
+    significance: Significance = Significance(),
+    keep: Callable[[str], bool] = lambda session_id: True,
+) -> dict[str, Any]:
+    """Replay every eligible session in every mode; means with CIs, first-found histograms and
+    session-paired tests of the session measures and of the per-search measures (tested as
+    ``significance`` says)."""
+    eligible, counts = eligible_sessions(data, runs, modes, keep)
+    if len(eligible) < 2:
+        return {"counts": counts, "note": "fewer than 2 sessions to compare"}
+    values, first_found = replayed_measures(data, runs, modes, eligible, depth)
+    names = list(values[modes[0]])
+    for mode, means in session_means_of_searches(data, per_query, modes, eligible).items():
+        values[mode].update(means)
+    measures = list(values[modes[0]])
     common = {m: set.intersection(*(set(values[mode][m]) for mode in modes)) for m in measures}
     for mode in modes:
         for m in measures:
             values[mode][m] = {s: values[mode][m][s] for s in sorted(common[m])}
-    summary = {}
+    n, seed, confidence = significance.n_resamples, significance.seed, significance.confidence
+    summary: dict[str, dict[str, Any]] = {}
     for mode in modes:
         summary[mode] = {}
         for m in measures:
-            if not values[mode][m]:
-                continue
-            mean, low, high = bootstrap_ci(
-                list(values[mode][m].values()), n_resamples, seed, confidence
-            )
-            summary[mode][m] = {
-                "mean": mean,
-                "ci_low": low,
-                "ci_high": high,
-                "n": len(values[mode][m]),
-            }
+            if values[mode][m]:
+                mean, low, high = bootstrap_ci(list(values[mode][m].values()), n, seed, confidence)
+                summary[mode][m] = {"mean": mean, "ci_low": low, "ci_high": high}
+                summary[mode][m]["n"] = len(values[mode][m])
     measures = [m for m in measures if len(common[m]) >= 2]
     return {
         "counts": counts,
