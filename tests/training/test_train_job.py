@@ -231,6 +231,13 @@ def _failing(marker_dir: str, plan: dict, setup=None):
             marker = os.path.join(marker_dir, f"crashed-at-{metrics['step']}")
             if worker.rank == rank and not os.path.exists(marker):
                 open(marker, "w").close()
+                # Fail only once the controller has registered this checkpoint: a failure seen
+                # first restarts the group from the checkpoint before (seen on a loaded host).
+                run_dir = Path(worker.config.output) / worker.config.name
+                name, deadline = f"checkpoint_{metrics['step']:07d}", time.monotonic() + 300
+                while not _snapshot_lists(run_dir, name):
+                    assert time.monotonic() < deadline, f"{name} not registered within 300 s"
+                    time.sleep(0.2)
                 if before_failing is not None:
                     before_failing(worker, metrics)
                 raise RuntimeError("injected worker failure")
