@@ -258,8 +258,8 @@ def session_section(
         for m in measures:
             if values[mode][m]:
                 mean, low, high = bootstrap_ci(list(values[mode][m].values()), n, seed, confidence)
-                summary[mode][m] = {"mean": mean, "ci_low": low, "ci_high": high}
-                summary[mode][m]["n"] = len(values[mode][m])
+                n_units = len(values[mode][m])
+                summary[mode][m] = {"mean": mean, "ci_low": low, "ci_high": high, "n": n_units}
     measures = [m for m in measures if len(common[m]) >= 2]
     return {
         "counts": counts,
