@@ -9,9 +9,11 @@ flat as the input grows. Validation happens inside the actor's batch function (s
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -34,6 +36,11 @@ from acare_ray.schema import SEARCHES
 log = logging.getLogger(__name__)
 
 BATCHES_PER_BLOCK = 4
+# Ray Data reads Parquet footers on a pool of actors it builds for every read (2.60: 32 by
+# default) and gives each a batch of 10 files; see ``footer_readers``.
+FOOTER_READERS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
+FILES_PER_FOOTER_READER = 10
+MAX_FOOTER_READERS = 32
 WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -299,12 +306,51 @@ def store_budget(nbytes: int | None) -> Iterator[None]:
         options.resource_limits = before
 
 
+def footer_readers(n_files: int) -> int:
+    """Footer-reading actors for a read of ``n_files`` Parquet files: one per batch of files
+    Ray Data hands an actor, at most Ray Data's own default."""
+    return min(MAX_FOOTER_READERS, max(1, math.ceil(n_files / FILES_PER_FOOTER_READER)))
+
+
+@contextmanager
+def sized_footer_readers(n_files: int) -> Iterator[None]:
+    """Plan the reads inside with :func:`footer_readers` ``(n_files)`` footer actors, unless
+    ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS`` is set (then that is kept).
+
+    Ray Data builds its pool of footer readers for every read, each a new worker process
+    (about 2 CPU-seconds to start), whatever the number of files: a job over a few files
+    started 32 processes that had nothing to read (docs/offline.md). The pool size is read
+    from the environment when ``read_parquet`` plans the read, so it is set only around that
+    call."""
+    if FOOTER_READERS_ENV in os.environ:
+        yield
+        return
+    # Ray Data also reads the setting once, at import, for its module default: import that
+    # module first, so a read planned later outside a job keeps Ray Data's default.
+    with suppress(ImportError):
+        import ray.data._internal.datasource_v2.formats.parquet.footer_file_indexer  # noqa: F401
+    os.environ[FOOTER_READERS_ENV] = str(footer_readers(n_files))
+    try:
+        yield
+    finally:
+        del os.environ[FOOTER_READERS_ENV]
+
+
+def input_files(path: str) -> int:
+    """How many Parquet files the input ``path`` (a file or a folder) holds."""
+    fs, inner, _ = storage_paths(path)
+    if fs.get_file_info(inner).is_file:
+        return 1
+    return len(part_files(fs, inner))
+
+
 def _stream(job: Job, state: OutputState, pool: ActorPool) -> None:
     import ray
     from ray.data.datasource import FilenameProvider
 
     _, _, ray_input = storage_paths(job.input)
-    ds = ray.data.read_parquet(ray_input, columns=input_columns(job.input))
+    with sized_footer_readers(input_files(job.input)):
+        ds = ray.data.read_parquet(ray_input, columns=input_columns(job.input))
     if state.written is not None:
         ds = ds.map_batches(
             skip_written, fn_kwargs={"written": [state.written]}, batch_format="pyarrow"
