@@ -255,3 +255,33 @@ def test_options_override_a_given_config_even_back_to_a_default():
     assert (merged.compile, merged.max_batch_tokens, merged.max_length) == (False, 99, 300)
     with pytest.raises(TypeError, match="unknown Scorer options: bogus"):
         ScorerConfig.from_options({"bogus": 1})
+
+
+def test_a_model_folders_tokenizer_is_parsed_once_until_a_file_in_it_changes(tiny_qwen3_copy):
+    from acare_ray.scoring.config import load_tokenizer
+
+    first = Scorer.from_pretrained(str(tiny_qwen3_copy), max_batch_tokens=64)
+    second = Scorer.from_pretrained(str(tiny_qwen3_copy), max_batch_tokens=64)
+    assert second.backend.tokenizer is first.backend.tokenizer
+    np.testing.assert_array_equal(
+        first.score(CONTEXT, DOCUMENTS, Mode.M3), second.score(CONTEXT, DOCUMENTS, Mode.M3)
+    )
+    config = tiny_qwen3_copy / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"model_max_length": ', '"model_max_length": 1'))
+    reread = load_tokenizer(str(tiny_qwen3_copy))
+    assert reread is not first.backend.tokenizer
+    assert reread.model_max_length == int("1" + str(first.backend.tokenizer.model_max_length))
+
+
+def test_a_hub_names_tokenizer_is_loaded_each_time(monkeypatch):
+    from transformers import AutoTokenizer
+
+    from acare_ray.scoring.config import load_tokenizer
+
+    calls = []
+    monkeypatch.setattr(
+        AutoTokenizer, "from_pretrained", lambda path, revision=None: calls.append(revision)
+    )
+    load_tokenizer("some-org/some-reranker", "v1")
+    load_tokenizer("some-org/some-reranker", "v1")
+    assert calls == ["v1", "v1"]

@@ -8,14 +8,17 @@ them, and otherwise the backend's own :attr:`~acare_ray.scoring.backend.Backend.
 (a cross-encoder reads far fewer tokens than a causal LM). The resolved prompt settings are a
 :class:`PromptConfig`, held by the backend.
 
-Also here: where a model name points (:func:`resolve_model_path`, the packaged MiniLM) and the
-device and dtype a scorer runs on by default.
+Also here: where a model name points (:func:`resolve_model_path`, the packaged MiniLM), the
+Hugging Face tokenizer of a model folder (:func:`load_tokenizer`, parsed once per process) and
+the device and dtype a scorer runs on by default.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -117,6 +120,39 @@ def resolve_model_path(name_or_path: str) -> str:
         module = importlib.import_module(MODEL_ALIASES[name_or_path])
         return str(module.get_model_path())
     return name_or_path
+
+
+TOKENIZERS_KEPT = 8
+_tokenizers: OrderedDict[tuple[str, tuple], Any] = OrderedDict()
+_tokenizers_lock = threading.Lock()
+
+
+def load_tokenizer(path: str, revision: str | None = None) -> Any:
+    """The Hugging Face tokenizer of the model at ``path``, parsed once per process per folder.
+
+    transformers parses Qwen3's 11 MB ``tokenizer.json`` twice in Python: 1.7 s of every load on
+    2 CPUs. A later load of the same local folder (another scorer, a second served model with
+    the same files, a reload) gets the same object, until a file in the folder changes (names,
+    sizes and modification times are the key). Scorers only read it: they tokenize through their
+    own :class:`~acare_ray.scoring.untrusted.InertTokenizer`, so treat it as read-only. A Hub
+    name is loaded each time (its files may move with the branch)."""
+    from transformers import AutoTokenizer
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return AutoTokenizer.from_pretrained(path, revision=revision)
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir())
+    key = (str(folder.resolve()), tuple(files))
+    with _tokenizers_lock:
+        if key in _tokenizers:
+            _tokenizers.move_to_end(key)
+            return _tokenizers[key]
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    with _tokenizers_lock:
+        tokenizer = _tokenizers.setdefault(key, tokenizer)
+        while len(_tokenizers) > TOKENIZERS_KEPT:
+            _tokenizers.popitem(last=False)
+    return tokenizer
 
 
 def read_acare_config(path: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from acare_ray.scoring.config import (
     ScorerConfig,
     default_device,
     default_dtype,
+    load_tokenizer,
     read_acare_config,
     resolve_model_path,
 )
@@ -106,11 +107,9 @@ class Scorer:
             backend = detect_backend(path, saved, revision)
         kind = backend_class(backend)
         device = default_device(device)
-        from transformers import AutoTokenizer
-
         request = LoadRequest(
             path=path,
-            tokenizer=AutoTokenizer.from_pretrained(path, revision=revision),
+            tokenizer=load_tokenizer(path, revision),
             config=config,
             prompt=config.prompt(saved, kind.default_prompt),
             plan=partial(
