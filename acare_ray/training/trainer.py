@@ -309,6 +309,10 @@ def run(config: TrainConfig) -> Path:
     saved = saved_run_config(config)
     if saved is not None:  # refused here, before any worker starts (the workers check again)
         refuse_other_settings(config, saved)
+        finished = finished_checkpoint(config)
+        if finished is not None:
+            log.info("run %r has finished: its final checkpoint is %s", config.name, finished)
+            return finished
     if not ray.is_initialized():
         if config.ray_address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=config.ray_address, log_to_driver=True)
@@ -329,6 +333,24 @@ def refuse_other_settings(config: TrainConfig, saved: dict[str, Any]) -> None:
             f"run {config.name!r} exists with other settings and cannot be resumed "
             f"(use a new name): {'; '.join(mismatches)}"
         )
+
+
+def finished_checkpoint(config: TrainConfig) -> Path | None:
+    """The final checkpoint of the run ``config`` names when that run has reached its last step
+    (the newest checkpoint Ray Train registered, as ``Result.from_path`` reads it), so a relaunch
+    returns it without starting a cluster or a worker group; None when there is more to train."""
+    from ray.train import Result
+
+    run_dir = Path(config.output).expanduser() / config.name
+    try:
+        checkpoint = Result.from_path(str(run_dir)).checkpoint
+    except RuntimeError:  # no checkpoint registered yet
+        return None
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint.path)
+    _, _, sizes = load_splits(config)
+    return path if ckpt.read_training_info(path)["step"] >= total_steps(sizes, config) else None
 
 
 def saved_run_config(config: TrainConfig) -> dict[str, Any] | None:

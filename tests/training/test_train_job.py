@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from acare_ray.data.io import write_parquet
 from acare_ray.schema import TRAINING_GROUPS
 from acare_ray.scoring import AgentContext, Mode, Scorer
-from acare_ray.training import TrainConfig, run
+from acare_ray.training import TrainConfig, run, trainer
 from acare_ray.training.checkpoint import full_parameters, read_training_info
 from acare_ray.training.trainer import WorkerRun, build_trainer
 
@@ -340,8 +340,13 @@ def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir
         run(changed)
 
 
-def test_relaunch_of_a_finished_run_returns_its_final_checkpoint(reference):
+def test_relaunch_of_a_finished_run_returns_its_final_checkpoint(reference, monkeypatch):
     config, result = reference
+
+    def no_train_run(*args, **kwargs):
+        raise AssertionError("a finished run started a Train run")
+
+    monkeypatch.setattr(trainer, "build_trainer", no_train_run)
     assert run(config) == Path(result.checkpoint.path)
 
 
