@@ -141,8 +141,9 @@ def load_tokenizer(path: str, revision: str | None = None) -> Any:
     folder = Path(path)
     if not folder.is_dir():
         return AutoTokenizer.from_pretrained(path, revision=revision)
-    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir())
-    key = (str(folder.resolve()), tuple(files))
+    stats = ((f.name, f.stat()) for f in folder.iterdir())
+    files = tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
+    key = (str(folder.resolve()), files)
     with _tokenizers_lock:
         if key in _tokenizers:
             _tokenizers.move_to_end(key)

@@ -42,11 +42,17 @@ STAGING_DIR = ".acare-staging"
 log = logging.getLogger("acare_ray.training")
 
 
+def run_dir(storage_path: str | os.PathLike, name: str) -> Path:
+    """The folder of the run ``name`` under ``storage_path``: its checkpoints and Ray Train's
+    record of them."""
+    return Path(storage_path).expanduser() / name
+
+
 def staging_root(storage_path: str | os.PathLike, name: str) -> Path:
     """Where a run stages checkpoints before Ray Train persists them: inside the run's own
     storage folder (``<storage>/<name>/.acare-staging``), which is sized for checkpoints,
     not the node's ``/tmp``."""
-    return Path(storage_path).expanduser() / name / STAGING_DIR
+    return run_dir(storage_path, name) / STAGING_DIR
 
 
 def hf_model(scorer: Scorer) -> nn.Module:

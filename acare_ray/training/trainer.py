@@ -341,9 +341,8 @@ def finished_checkpoint(config: TrainConfig) -> Path | None:
     returns it without starting a cluster or a worker group; None when there is more to train."""
     from ray.train import Result
 
-    run_dir = Path(config.output).expanduser() / config.name
     try:
-        checkpoint = Result.from_path(str(run_dir)).checkpoint
+        checkpoint = Result.from_path(str(ckpt.run_dir(config.output, config.name))).checkpoint
     except RuntimeError:  # no checkpoint registered yet
         return None
     if checkpoint is None:
@@ -356,8 +355,8 @@ def finished_checkpoint(config: TrainConfig) -> Path | None:
 def saved_run_config(config: TrainConfig) -> dict[str, Any] | None:
     """The settings saved with the newest checkpoint of the run ``config`` names (its output
     folder and name); None when the run has no checkpoint yet."""
-    run_dir = Path(config.output).expanduser() / config.name
-    for checkpoint in sorted(run_dir.glob("checkpoint_*"), reverse=True):
+    folder = ckpt.run_dir(config.output, config.name)
+    for checkpoint in sorted(folder.glob("checkpoint_*"), reverse=True):
         if (checkpoint / ckpt.TRAINING_FILE).is_file():
             return ckpt.read_training_info(checkpoint)["config"]
     return None
