@@ -173,17 +173,20 @@ def tokenize_only(
     return out
 
 
-def load(cfg: BenchConfig, device: torch.device):
+def load(cfg: BenchConfig, device: torch.device, folder: Path | None = None):
+    """The scorer (``compile``: as ``cfg.compile`` says, else the scorer's default, which is on
+    for CUDA) and the left-padding tokenizer of the recipes. ``folder``: build the model there
+    and keep it (other scorers of the same run load it too); else in a temporary folder."""
     from transformers import AutoTokenizer
 
-    with tempfile.TemporaryDirectory(prefix="acare-bench-") as folder:
-        path = build_model(cfg, Path(folder) / "model")
+    with tempfile.TemporaryDirectory(prefix="acare-bench-") as temporary:
+        path = build_model(cfg, Path(folder or temporary) / "model")
         scorer = Scorer.from_pretrained(
             str(path),
             device=device,
             dtype=cfg.dtype,
             max_batch_tokens=cfg.max_batch_tokens,
-            compile=cfg.compile,
+            compile=cfg.compile or None,
         )
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     return scorer, tokenizer
@@ -210,13 +213,14 @@ def warm_up(scorer, recipes, searches, modes, device, full: bool) -> None:
             run_recipe(recipe, pair_bodies(scorer, searches[0], mode, [0, 1]), device)
 
 
-def run(cfg: BenchConfig) -> dict:
+def run(cfg: BenchConfig, loaded: tuple | None = None) -> dict:
+    """The benchmark's report; ``loaded``: ``(scorer, tokenizer, setup_s)`` already loaded."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
     began = time.perf_counter()
-    scorer, tokenizer = load(cfg, device)
-    setup_s = time.perf_counter() - began
+    scorer, tokenizer, setup_s = loaded or (*load(cfg, device), None)
+    setup_s = setup_s if setup_s is not None else time.perf_counter() - began
     model = scorer.backend.module.lm
     params = non_embedding_params(model)
     searches = workload(cfg, scorer)
@@ -229,7 +233,9 @@ def run(cfg: BenchConfig) -> dict:
     report["workload"] = workload_info(cfg, scorer, searches)
     recipes = [strong, official] if cfg.official_pairs else [strong]
     began = time.perf_counter()
-    warm_up(scorer, recipes, searches, modes, device, full=cfg.compile)
+    compiled = getattr(scorer.backend.module, "compiled", False)
+    report["compiled"] = compiled
+    warm_up(scorer, recipes, searches, modes, device, full=compiled)
     report["warm_up_s"] = time.perf_counter() - began
     runs = {m: {"ours": [], "strong": [], "official": []} for m in modes}
     for r, search in enumerate(searches):

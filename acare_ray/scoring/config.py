@@ -60,8 +60,9 @@ class ScorerConfig:
     charges per forward call (:func:`acare_ray.scoring.batching.plan_batches`).
     ``caps``, ``max_length``, ``instruction``: the prompt settings (None: the checkpoint's
     ``acare.json``, else the backend's defaults).
-    ``compile``: run the causal backend's decoder layers through ``torch.compile``
-    (docs/speed.md gives its speed-up and compile time).
+    ``compile``: run the causal fast path's decoder layers through ``torch.compile``, compiled
+    at load by a few made-up searches so that no request pays for it; None (the default): on
+    CUDA only (docs/speed.md gives its speed-up and compile time).
     ``pack_searches``: the causal backend scores consecutive small searches of one call in
     shared forward passes (up to ``max_batch_tokens`` real tokens and ``max_batch_size``
     candidates per pack) instead of one search at a time. Off by default: it is slower on CPU,
@@ -78,7 +79,7 @@ class ScorerConfig:
     caps: FieldCaps | None = None
     max_length: int | None = None
     instruction: str | None = None
-    compile: bool = False
+    compile: bool | None = None
     pack_searches: bool = False
     causal_path: str = "auto"
 

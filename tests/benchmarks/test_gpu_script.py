@@ -31,13 +31,50 @@ def reports(tmp_path_factory):
         if path.name.startswith("packing-"):
             found["packing"] = (report, path.with_suffix(".md").read_text())
             continue
+        if path.name.endswith("-paths.json"):
+            found[f"paths {report['config']['config']}"] = (
+                report,
+                path.with_suffix(".md").read_text(),
+            )
+            continue
         found[report["config"]["config"]] = (report, path.with_suffix(".md").read_text())
     return found
 
 
 @pytest.mark.slow
 def test_reduced_run_covers_both_gpu_model_shapes(reports):
-    assert set(reports) == {*CONFIGS, "packing"}
+    assert set(reports) == {*CONFIGS, *(f"paths {c}" for c in CONFIGS), "packing"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_reduced_run_compares_attention_paths_and_the_float32_reference(reports, config):
+    report, markdown = reports[f"paths {config}"]
+    assert not [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
+    for name in ("concat, eager", "split, eager"):
+        for mode in ("M0", "M3"):
+            row = report["paths"][name][mode]
+            assert row["pairs_per_s"] > 0 and row["max_abs_diff_vs_concat_eager"] < 1e-4
+    for mode in ("M0", "M3"):  # float32 on CPU: the default is the reference's precision
+        assert report["top10_vs_float32"][mode]["top10_overlap_mean"] == 1.0
+    assert set(report["profile_m3"]) == {"concat, eager", "default"}
+    assert "| split, eager | M3 |" in markdown
+
+
+@pytest.mark.slow
+def test_reduced_run_measures_small_search_latency_and_a_serving_rate(reports):
+    report, markdown = reports[f"paths {CONFIGS[0]}"]
+    assert [(r["candidates"], r["mode"]) for r in report["latency"]] == [
+        (4, "M0"),
+        (4, "M3"),
+        (8, "M0"),
+        (8, "M3"),
+    ]
+    assert all(0 < r["p50_ms"] <= r["p99_ms"] for r in report["latency"])
+    rows = report["serving"]["rows"]
+    assert rows and all(r["requests"] == 6 and r["score_many_calls"] >= 1 for r in rows)
+    assert [r["searches_per_s"] for r in rows] == sorted(r["searches_per_s"] for r in rows)
+    assert "Highest rate with P99 <= 500 ms" in markdown
 
 
 @pytest.mark.slow

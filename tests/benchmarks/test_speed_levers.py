@@ -83,10 +83,50 @@ def test_compiled_layers_score_like_eager(tiny_qwen3_dir, tiny_scorer):
     from acare_ray.scoring import Scorer
 
     compiled = Scorer.from_pretrained(str(tiny_qwen3_dir), compile=True)
-    assert compiled.backend.module._compiled_layer is not None
+    assert compiled.backend.module.compiled
     for mode in (Mode.M0, Mode.M3):
         np.testing.assert_allclose(
             compiled.score(CONTEXT, DOCUMENTS, mode),
             tiny_scorer.score(CONTEXT, DOCUMENTS, mode),
             atol=1e-5,
         )
+
+
+def _scores(module, prefix, ids, lengths):
+    with torch.inference_mode():
+        state = module.encode_prefixes(prefix, torch.ones_like(prefix, dtype=torch.bool))
+        return module.score_documents(state, ids, lengths).float().numpy()
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])
+def test_the_cuda_split_route_equals_concatenation_on_cpu(tiny_scorer, monkeypatch, dtype, atol):
+    """The split path as CUDA runs it (own tokens under the kernel's causal flag, own keys
+    repeated per query head, no mask), with the CPU kernel: the same scores as the concatenating
+    path, for a prefix longer and one shorter than the candidates (attention="split" takes both)."""
+    module = copy.deepcopy(tiny_scorer.backend.module).to(dtype)
+    long_prefix, ids, lengths = _batch(tiny_scorer, DOCUMENTS)
+    assert lengths.min() < ids.shape[1], "the fixture must pad some candidates"
+    short_prefix = long_prefix[:, :8]
+    assert short_prefix.shape[1] < ids.shape[1]
+    module.attention = "concat"
+    plain = [_scores(module, p, ids, lengths) for p in (long_prefix, short_prefix)]
+    built = []
+    monkeypatch.setattr(
+        fast_path._SplitMask, "build", classmethod(lambda cls, *a: built.append(1) or cls(None))
+    )
+    module.attention = "split"
+    split = [_scores(module, p, ids, lengths) for p in (long_prefix, short_prefix)]
+    assert len(built) == 2
+    for got, want in zip(split, plain):
+        np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+        assert np.ptp(want) > 0.01
+
+
+def test_compile_is_on_by_default_on_cuda_only(tiny_scorer):
+    from acare_ray.scoring.causal.load import compile_wanted
+
+    assert compile_wanted(None, torch.device("cuda")) is True
+    assert compile_wanted(None, torch.device("cpu")) is False
+    assert compile_wanted(True, torch.device("cpu")) is True
+    assert compile_wanted(False, torch.device("cuda")) is False
+    assert tiny_scorer.config.compile is None and not tiny_scorer.backend.module.compiled

@@ -38,9 +38,46 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-# Flash attention on CPU that also returns the log-sum-exp of each query row (the public SDPA
-# does not), which lets two attention calls over disjoint key sets be merged exactly.
+# Flash attention that also returns the log-sum-exp of each query row (the public SDPA does
+# not), which lets two attention calls over disjoint key sets be merged exactly. The CPU kernel
+# takes an additive mask; the CUDA one takes none (a causal flag only) and runs bf16/fp16.
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CUDA_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+
+ATTENTION_CHOICES = ("auto", "split", "concat")
+"""How candidates attend to their search's prefix (:attr:`PrefixSharedYesNo.attention`):
+``split`` (the prefix once for all candidates, merged with each candidate's own causal attention
+by log-sum-exp), ``concat`` (the prefix keys/values copied before each candidate's own, one
+masked attention) or ``auto`` (split when the prefix is at least as long as the candidates and a
+kernel returns the log-sum-exp on the device, else concat)."""
+
+
+def split_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a flash kernel with log-sum-exp runs on ``device`` in ``dtype``."""
+    if device.type == "cpu":
+        return _CPU_FLASH is not None
+    if device.type == "cuda":
+        return _CUDA_FLASH is not None and dtype in (torch.float16, torch.bfloat16)
+    return False
+
+
+def _flash_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output ``[B, H, L, d]`` and float32 log-sum-exp ``[B, H, L]``, equal head counts.
+
+    The one device switch of the split path: the CUDA kernel (no mask; ``bias`` must be None)
+    or the CPU kernel (optional additive ``bias``)."""
+    if q.device.type == "cuda":
+        out = _CUDA_FLASH(q, k, v, 0.0, causal, False, scale=scale)
+    else:
+        out = _CPU_FLASH(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
+    return out[0], out[1]
 
 
 def _attend_shared_prefix(
@@ -49,31 +86,39 @@ def _attend_shared_prefix(
     v: torch.Tensor,
     prefix_k: torch.Tensor,
     prefix_v: torch.Tensor,
-    own_bias: torch.Tensor,
+    own_bias: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
     """softmax over [prefix ; own keys] without copying the prefix keys/values per candidate.
 
     ``q`` ``[B, H, D, d]``; ``k``, ``v`` ``[B, KV, D, d]``; ``prefix_k/v`` ``[1, KV, P, d]``
-    (one prefix, every position real); ``own_bias`` ``[B, 1, H/KV * D, D]`` additive mask.
-    Query heads sharing a key head are folded into the query length, and for the prefix all
-    candidates' queries form one long block against the single prefix, so each prefix key is
-    read once per batch instead of once per candidate. The two partial softmaxes are merged
-    with their log-sum-exps: ``out = w * out_prefix + (1 - w) * out_own``,
-    ``w = sigmoid(lse_prefix - lse_own)``.
+    (one prefix, every position real). Query heads sharing a key head are folded into the query
+    length, and for the prefix all candidates' queries form one long block against the single
+    prefix, so each prefix key is read once per batch instead of once per candidate; no mask is
+    needed there. The candidates' own tokens: with ``own_bias`` ``[B, 1, H/KV * D, D]`` (causal
+    and length as an additive mask, CPU) the folded queries against their key head; with None,
+    the kernel's causal flag with the own keys repeated per query head (CUDA: its flash kernel
+    takes no mask; right padding cannot reach a real position under a causal mask). The two
+    partial softmaxes are merged with their log-sum-exps: ``out = w * out_prefix + (1 - w) *
+    out_own``, ``w = sigmoid(lse_prefix - lse_own)``.
     """
     batch, heads, length, dim = q.shape
     kv_heads = k.shape[1]
-    folded = q.reshape(batch, kv_heads, heads // kv_heads * length, dim)
-    rows = folded.shape[2]
-    shared_q = folded.transpose(0, 1).reshape(1, kv_heads, batch * rows, dim)
-    out_p, lse_p = _CPU_FLASH(shared_q, prefix_k, prefix_v, scale=scale)
-    out_p = out_p.reshape(kv_heads, batch, rows, dim).transpose(0, 1)
-    lse_p = lse_p.reshape(kv_heads, batch, rows).transpose(0, 1)
-    out_o, lse_o = _CPU_FLASH(folded, k, v, attn_mask=own_bias, scale=scale)
-    weight = torch.sigmoid(lse_p - lse_o.reshape(batch, kv_heads, rows)).unsqueeze(-1)
+    group = heads // kv_heads
+    folded = q.reshape(batch, kv_heads, group * length, dim)
+    shared_q = folded.transpose(0, 1).reshape(1, kv_heads, batch * group * length, dim)
+    out_p, lse_p = _flash_lse(shared_q, prefix_k, prefix_v, scale)
+    out_p = out_p.reshape(kv_heads, batch, group * length, dim).transpose(0, 1)
+    lse_p = lse_p.reshape(kv_heads, batch, group * length).transpose(0, 1)
+    if own_bias is not None:
+        out_o, lse_o = _flash_lse(folded, k, v, scale, bias=own_bias)
+    else:
+        own_k, own_v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        out_o, lse_o = _flash_lse(q, own_k, own_v, scale, causal=True)
+    shape = (batch, kv_heads, group * length)
+    weight = torch.sigmoid(lse_p - lse_o.reshape(shape)).unsqueeze(-1)
     weight = weight.to(out_p.dtype)  # the log-sum-exps are float32 also for bfloat16 inputs
-    out = torch.lerp(out_o.reshape(batch, kv_heads, rows, dim), out_p, weight)
+    out = torch.lerp(out_o.reshape(*shape, dim), out_p, weight)
     return out.reshape(batch, heads, length, dim)
 
 
@@ -89,12 +134,15 @@ class PrefixState:
 
 @dataclass
 class _SplitMask:
-    """Candidates' own causal/length mask as an additive bias, query heads folded per key head."""
+    """The split path's mask for the candidates' own tokens: an additive causal/length bias with
+    query heads folded per key head (CPU), or None (CUDA: the kernel's causal flag)."""
 
-    own_bias: torch.Tensor  # [B, 1, H/KV * D, D]
+    own_bias: torch.Tensor | None  # [B, 1, H/KV * D, D]
 
     @classmethod
     def build(cls, own: torch.Tensor, config, dtype: torch.dtype) -> _SplitMask:
+        if own.device.type == "cuda":
+            return cls(None)
         group = config.num_attention_heads // config.num_key_value_heads
         batch, length, _ = own.shape
         bias = torch.zeros(own.shape, dtype=dtype, device=own.device)
@@ -123,20 +171,62 @@ class PrefixSharedYesNo(YesNoModule):
         if getattr(causal_lm.config, "use_sliding_window", False):
             raise ValueError("sliding-window attention is not supported by the causal backend")
         super().__init__(causal_lm, yes_id, no_id)
-        self._compiled_layer: Callable | None = None
+        self.attention = "auto"
+        """One of :data:`ATTENTION_CHOICES`; benchmarks set it to compare the two."""
+        self._compiled: dict[str, Callable] = {}
 
     def compile_layers(self, **options) -> None:
         """Run every decoder-layer step through ``torch.compile`` (dynamic shapes) from now on.
 
-        Fuses the element-wise work around the matrix products (norms, rotary, SiLU); the first
-        calls pay the compilation, and one graph serves every layer (docs/speed.md has both
-        figures). Scores stay equal within float rounding. ``options`` go to ``torch.compile``.
+        Fuses the element-wise work around the matrix products (norms, rotary, SiLU, the
+        log-sum-exp merge); one graph serves every layer. The prefix pass, the split document
+        pass and the concatenating one are compiled apart, so each keeps its own few graphs.
+        The first call of each shape class pays the compilation: :meth:`warm_up` makes those
+        calls at load. Scores stay equal within float rounding. ``options`` go to
+        ``torch.compile``.
         """
-        self._compiled_layer = torch.compile(type(self)._layer, dynamic=True, **options)
+        self._compiled = {
+            kind: torch.compile(step, dynamic=True, **options)
+            for kind, step in (
+                ("prefix", _prefix_step),
+                ("split", _split_step),
+                ("concat", _concat_step),
+            )
+        }
 
-    def _step(self, *args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self._compiled_layer is not None:
-            return self._compiled_layer(self, *args)
+    @property
+    def compiled(self) -> bool:
+        return bool(self._compiled)
+
+    def warm_up(self, packs: bool = False) -> None:
+        """Score a few made-up searches so that each graph a request can need is compiled now:
+        a long and a short prefix (the split and the concat document pass), batches of two
+        candidates and of one (sizes 1 are their own graphs), and with ``packs`` two prefixes
+        in one pass (:attr:`~acare_ray.scoring.causal.backend.CausalLMBackend.pack_tokens`)."""
+        weight = self._decoder.embed_tokens.weight
+        device, vocab = weight.device, weight.shape[0]
+        ids = (torch.arange(1, 49, device=device) * 7919) % vocab
+        docs = ids[24:40].reshape(2, 8)
+        lengths = torch.tensor([8, 5], device=device)
+        with torch.inference_mode():
+            for prefix_length in (24, 4):
+                prefix = ids[None, :prefix_length]
+                state = self.encode_prefixes(prefix, torch.ones_like(prefix, dtype=torch.bool))
+                for rows in (2, 1):
+                    self.score_documents(state, docs[:rows], lengths[:rows])
+            if packs:
+                prefixes = ids[:24].reshape(2, 12)
+                mask = torch.ones_like(prefixes, dtype=torch.bool)
+                mask[1, 9:] = False
+                state = self.encode_prefixes(prefixes, mask)
+                group = torch.tensor([0, 1], device=device)
+                for rows in (2, 1):
+                    self.score_documents(state, docs[:rows], lengths[:rows], group[:rows])
+
+    def _step(self, kind: str, *args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        step = self._compiled.get(kind)
+        if step is not None:
+            return step(self, *args)
         return self._layer(*args)
 
     @property
@@ -149,9 +239,11 @@ class PrefixSharedYesNo(YesNoModule):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | _SplitMask,
+        mask: torch.Tensor | _SplitMask | None,
         past: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decoder layer. ``mask``: a boolean mask, the split path's own-token mask, or None
+        (causal: one unpadded prefix)."""
         attn = layer.self_attn
         batch, length, _ = x.shape
         h = layer.input_layernorm(x)
@@ -177,7 +269,13 @@ class PrefixSharedYesNo(YesNoModule):
                     past_k, past_v = past_k[rows], past_v[rows]
                 keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
             out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
+                q,
+                keys,
+                values,
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=attn.scaling,
+                enable_gqa=True,
             )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -189,19 +287,21 @@ class PrefixSharedYesNo(YesNoModule):
         cos, sin = self._decoder.rotary_emb(x, positions)
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
-    @staticmethod
-    def _can_split(x: torch.Tensor, prefix: PrefixState, doc_group: torch.Tensor | None) -> bool:
-        """Split attention for CPU inference on one unpadded prefix at least as long as the
-        candidates (there it beats copying the prefix per candidate, docs/speed.md; a short M0
-        prefix is cheaper to copy than to merge). Everything else concatenates."""
-        return (
-            _CPU_FLASH is not None
-            and x.device.type == "cpu"
-            and doc_group is None
-            and not torch.is_grad_enabled()
-            and prefix.mask.shape[1] >= x.shape[1]
-            and bool(prefix.mask.all())
-        )
+    def _can_split(self, x: torch.Tensor, prefix: PrefixState, doc_group) -> bool:
+        """Split attention (:func:`_attend_shared_prefix`) for inference on one unpadded prefix
+        at least as long as the candidates, where a kernel for it runs (CPU; CUDA in bf16/fp16).
+        A short (M0) prefix is cheaper to copy than to merge on both: on one H200, compiled,
+        M0 concat 1,111 vs split 785 pairs/s, M3 split 681 vs concat 671 (docs/speed.md).
+        :attr:`attention` forces either."""
+        if (
+            self.attention == "concat"
+            or doc_group is not None
+            or torch.is_grad_enabled()
+            or not split_kernel(x.device, x.dtype)
+            or not bool(prefix.mask.all())
+        ):
+            return False
+        return self.attention == "split" or prefix.mask.shape[1] >= x.shape[1]
 
     def encode_prefixes(self, prefix_ids: torch.Tensor, prefix_mask: torch.Tensor) -> PrefixState:
         """Run right-padded prefixes ``[G, P]`` once; keep every layer's keys and values."""
@@ -209,11 +309,13 @@ class PrefixSharedYesNo(YesNoModule):
         x = self._decoder.embed_tokens(prefix_ids)
         positions = torch.arange(length, device=x.device).expand(groups, -1)
         cos, sin = self._rotary(x, positions)
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        mask = (causal[None] & prefix_mask[:, None, :])[:, None]
+        mask = None  # one unpadded prefix: the kernel's causal flag
+        if groups > 1 or not bool(prefix_mask.all()):
+            causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+            mask = (causal[None] & prefix_mask[:, None, :])[:, None]
         keys, values = [], []
         for layer in self._decoder.layers:
-            x, k, v = self._step(layer, x, cos, sin, mask, None)
+            x, k, v = self._step("prefix", layer, x, cos, sin, mask, None)
             keys.append(k)
             values.append(v)
         return PrefixState(keys, values, prefix_mask, prefix_mask.sum(dim=1))
@@ -245,13 +347,28 @@ class PrefixSharedYesNo(YesNoModule):
         own = (steps[None, :] <= steps[:, None])[None] & (
             steps[None, None, :] < doc_lengths[:, None, None]
         )
-        if self._can_split(x, prefix, doc_group):
+        split = self._can_split(x, prefix, doc_group)
+        if split:
             mask = _SplitMask.build(own, self.lm.config, x.dtype)
         else:
             shared = prefix.mask[group][:, None, :].expand(-1, length, -1)
             mask = torch.cat([shared, own], dim=2)[:, None]
         for i, layer in enumerate(self._decoder.layers):
             past = (prefix.keys[i], prefix.values[i], doc_group)
-            x, _, _ = self._step(layer, x, cos, sin, mask, past)
+            x, _, _ = self._step("split" if split else "concat", layer, x, cos, sin, mask, past)
         last = x[torch.arange(rows, device=x.device), doc_lengths - 1]
         return yes_no_logodds(self._decoder.norm(last), self.lm.lm_head, self.yes_no_ids)
+
+
+# The compiled steps: one function per kind of pass, so that torch.compile keeps each kind's
+# graphs (and its recompilation limit) apart.
+def _prefix_step(module: PrefixSharedYesNo, *args):
+    return module._layer(*args)
+
+
+def _split_step(module: PrefixSharedYesNo, *args):
+    return module._layer(*args)
+
+
+def _concat_step(module: PrefixSharedYesNo, *args):
+    return module._layer(*args)

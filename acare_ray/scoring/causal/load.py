@@ -331,6 +331,13 @@ def load_causal_module(
     module, reasons = build_causal_module(
         model, yes_id, no_id, request.device, request.config.causal_path
     )
-    if request.config.compile:
+    if compile_wanted(request.config.compile, request.device) and module.path == "fast":
         module.compile_layers()
+        module.warm_up(packs=request.config.pack_searches)
     return module, reasons
+
+
+def compile_wanted(setting: bool | None, device: torch.device) -> bool:
+    """``compile`` as set, or by default (None) on CUDA: there the fused element-wise work
+    doubles the fast path's speed (docs/speed.md); on CPU compiling is opt-in."""
+    return device.type == "cuda" if setting is None else setting
