@@ -31,7 +31,12 @@ import torch
 from torch import nn
 
 from acare_ray.scoring.backend import LoadRequest
-from acare_ray.scoring.causal.fast import SUPPORTED_MODEL_TYPES, PrefixSharedYesNo, apply_rope
+from acare_ray.scoring.causal.fast import (
+    SUPPORTED_MODEL_TYPES,
+    PrefixSharedYesNo,
+    apply_rope,
+    select_cuda_kernel,
+)
 from acare_ray.scoring.causal.head import YesNoModule
 from acare_ray.scoring.causal.hf_forward import HFForwardYesNo
 from acare_ray.scoring.config import CAUSAL_PATHS
@@ -301,6 +306,7 @@ def build_causal_module(
     causal_lm = causal_lm.to(device)
     reasons = check_fast_path(causal_lm)
     if not reasons:
+        select_cuda_kernel(torch.device(device), next(causal_lm.parameters()).dtype)
         fast = PrefixSharedYesNo(causal_lm, yes_id, no_id).to(device)
         probe = probe_fast_path(fast)
         if probe is None:
