@@ -67,3 +67,26 @@ def test_dropout_draws_fields_independently():
     ]
     both = sum(q and r for q, r in keeps) / 4000
     assert abs(both - 0.25) < 0.03
+
+
+def test_refused_inputs_name_their_field_in_attributes_not_only_in_text():
+    import pytest
+
+    from acare_ray.scoring import AgentContext, FieldError, Mode, check_documents
+
+    with pytest.raises(FieldError) as caught:
+        AgentContext("   ")
+    assert (caught.value.field, caught.value.index) == ("sub_query", None)
+    assert str(caught.value) == "sub_query is missing or empty"
+    with pytest.raises(FieldError) as caught:
+        AgentContext("q", question="why").resolve_mode(Mode.M3)
+    assert caught.value.field == "reasoning" and "needs the field 'reasoning'" in str(caught.value)
+    with pytest.raises(FieldError) as caught:
+        check_documents(["fine", "also fine", " "])
+    assert (caught.value.field, caught.value.index, caught.value.detail) == (
+        "documents",
+        2,
+        "is empty",
+    )
+    assert str(caught.value) == "documents[2] is empty"
+    assert isinstance(caught.value, ValueError)  # callers catching ValueError still do

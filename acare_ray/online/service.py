@@ -13,7 +13,6 @@ a :class:`ValueError` the scorer raises later is turned into one by :func:`scori
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from acare_ray.scoring import (
     AUTO,
     AgentContext,
     CancelFn,
+    FieldError,
     Mode,
     Scorer,
     TokenLayout,
@@ -60,30 +60,22 @@ _REQUEST_FIELD = {
     "reasoning": "reasoning",
     "instruction": "instruction",
 }
-_CORE_FIELD = re.compile(r"(?P<name>\w+)(?P<index>\[\d+\])?:?\s+")
-_NEEDED_FIELD = re.compile(r"needs the field '(?P<name>\w+)'")
-# Said of the prompt beside the documents (too long): the query and its context.
-_CONTEXT_ERRORS = ("prompt without document", "context is")
 
 
 def scoring_refusal(search: Search, err: ValueError) -> ClientError:
     """The 422 for a :class:`ValueError` the scorer raised on ``search``'s job, naming the
     request field at fault the way the client sent it (``texts[1]`` on TEI where the core says
-    ``documents[1]``, ``query`` where it says ``sub_query``); an error that names no field is
-    put on the documents."""
-    message = str(err)
-    if message.startswith(_CONTEXT_ERRORS):
-        return ClientError(422, "query", f"with its context: {message}")
-    needed = _NEEDED_FIELD.search(message)
-    if needed and needed["name"] in _REQUEST_FIELD:
-        return ClientError(422, _REQUEST_FIELD[needed["name"]], message)
-    named = _CORE_FIELD.match(message)
-    if named and named["name"] == "documents":
-        field = search.documents_field + (named["index"] or "")
-        return ClientError(422, field, message[named.end() :])
-    if named and named["name"] in _REQUEST_FIELD:
-        return ClientError(422, _REQUEST_FIELD[named["name"]], message[named.end() :])
-    return ClientError(422, search.documents_field, message)
+    ``documents[1]``, ``query`` where it says ``sub_query``), read from the core's
+    :class:`~acare_ray.scoring.FieldError`; an error that names no field is put on the
+    documents."""
+    if not isinstance(err, FieldError):
+        return ClientError(422, search.documents_field, str(err))
+    if err.field == "context":  # the prompt beside the documents: the query and its context
+        return ClientError(422, "query", f"with its context: {err.detail}")
+    if err.field == "documents":
+        index = "" if err.index is None else f"[{err.index}]"
+        return ClientError(422, search.documents_field + index, err.detail)
+    return ClientError(422, _REQUEST_FIELD.get(err.field, err.field), err.detail)
 
 
 @dataclass(frozen=True)
@@ -280,8 +272,8 @@ class RerankService:
                 reasoning=search.reasoning,
                 instruction=search.instruction,
             )
-        except ValueError:
-            raise ClientError(422, "query", "is missing or empty") from None
+        except FieldError as err:  # the field the core names, as the request names it
+            raise scoring_refusal(search, err) from None
         if requested == AUTO:
             mode = context.richest_mode
         else:

@@ -29,7 +29,14 @@ from acare_ray.scoring.config import (
     read_acare_config,
     resolve_model_path,
 )
-from acare_ray.scoring.context import AUTO, AgentContext, FieldDropout, Mode, parse_mode
+from acare_ray.scoring.context import (
+    AUTO,
+    AgentContext,
+    FieldDropout,
+    FieldError,
+    Mode,
+    parse_mode,
+)
 from acare_ray.scoring.errors import is_out_of_memory, score_isolated
 from acare_ray.scoring.scorer import Ranking, Scorer, check_documents, rank_order
 from acare_ray.scoring.tokens import TokenLayout
@@ -46,6 +53,7 @@ __all__ = [
     "Cancelled",
     "FieldCaps",
     "FieldDropout",
+    "FieldError",
     "Mode",
     "PromptConfig",
     "Ranking",

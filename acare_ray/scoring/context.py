@@ -27,6 +27,22 @@ from enum import Enum
 AUTO = "auto"
 
 
+class FieldError(ValueError):
+    """An input the scoring core refuses, naming it: ``field`` is the core's name for it
+    (``sub_query``, ``question``, ``reasoning``, ``instruction``, ``documents``, or ``context``
+    for the prompt beside the documents as a whole), ``index`` the document's position (for
+    ``documents``), ``detail`` what is wrong with it. ``str()`` is the whole message. Callers
+    name the field their own way from these attributes (the online 4xx bodies: ``query`` for
+    ``sub_query``, ``texts[1]`` on TEI), never from the message text."""
+
+    def __init__(
+        self, field: str, detail: str, index: int | None = None, message: str = ""
+    ) -> None:
+        self.field, self.detail, self.index = field, detail, index
+        name = field if index is None else f"{field}[{index}]"
+        super().__init__(message or f"{name} {detail}")
+
+
 class Mode(str, Enum):
     M0 = "M0"
     M1 = "M1"
@@ -103,12 +119,12 @@ class AgentContext:
 
     def __post_init__(self) -> None:
         if not isinstance(self.sub_query, str) or not self.sub_query.strip():
-            raise ValueError("sub_query is missing or empty")
+            raise FieldError("sub_query", "is missing or empty")
         for name in ("question", "reasoning", "instruction"):
             try:
                 object.__setattr__(self, name, _present(getattr(self, name)))
             except ValueError as err:
-                raise ValueError(f"{name}: {err}") from None
+                raise FieldError(name, str(err), message=f"{name}: {err}") from None
 
     @property
     def richest_mode(self) -> Mode:
@@ -122,7 +138,7 @@ class AgentContext:
         if parsed == AUTO:
             return self.richest_mode
         if missing := self.missing_field(parsed):
-            raise ValueError(f"mode {parsed.value} needs the field {missing!r}, which is missing")
+            raise missing_field_error(parsed, missing)
         return parsed
 
     def missing_field(self, mode: Mode) -> str | None:
@@ -173,3 +189,9 @@ class FieldDropout:
             question=context.question if self.keeps("question", group_id, epoch) else None,
             reasoning=context.reasoning if self.keeps("reasoning", group_id, epoch) else None,
         )
+
+
+def missing_field_error(mode: Mode, field: str) -> FieldError:
+    """``mode`` reads ``field``, which the search does not have."""
+    message = f"mode {mode.value} needs the field {field!r}, which is missing"
+    return FieldError(field, message, message=message)

@@ -21,7 +21,7 @@ from torch import nn
 from acare_ray.scoring.backend import Backend, CancelFn, LoadRequest, Search, check_cancelled
 from acare_ray.scoring.batching import BatchPlan, move_tensors, pad_right
 from acare_ray.scoring.config import FieldCaps, PromptConfig
-from acare_ray.scoring.context import AgentContext, Mode
+from acare_ray.scoring.context import AgentContext, FieldError, Mode
 from acare_ray.scoring.prompt import cap_fields, query_block, query_block_parts
 from acare_ray.scoring.untrusted import InertTokenizer, encode_capped
 
@@ -115,9 +115,8 @@ class CrossEncoderBackend(Backend):
         count = len(self.context_ids(context, mode))
         specials = self.pair.specials
         if count + specials >= self.max_length:
-            raise ValueError(
-                f"context is {count + specials} tokens, max_length is {self.max_length}"
-            )
+            message = f"context is {count + specials} tokens, max_length is {self.max_length}"
+            raise FieldError("context", message, message=message)
         return count
 
     def document_room(self, context_tokens: int) -> int:
@@ -132,7 +131,8 @@ class CrossEncoderBackend(Backend):
         firsts, seconds, rooms = [], [], []
         for context, mode, docs in searches:
             if context.instruction is not None:
-                raise ValueError("instruction: a cross-encoder has no instruction line")
+                detail = "a cross-encoder has no instruction line"
+                raise FieldError("instruction", detail, message=f"instruction: {detail}")
             if not docs:
                 continue
             first = self.context_ids(context, mode)

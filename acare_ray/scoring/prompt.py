@@ -21,7 +21,7 @@ from string import Formatter
 from typing import Any
 
 from acare_ray.scoring.config import FieldCaps, PromptConfig
-from acare_ray.scoring.context import AgentContext, Mode
+from acare_ray.scoring.context import AgentContext, FieldError, Mode, missing_field_error
 from acare_ray.scoring.untrusted import (
     Ids,
     InertTokenizer,
@@ -149,7 +149,7 @@ def query_block_parts(mode: Mode, fields: dict[str, CappedField]) -> list[Part]:
             parts.append(Template(literal))
         if name is not None:
             if name not in fields:
-                raise ValueError(f"mode {mode.value} needs the field {name!r}, which is missing")
+                raise missing_field_error(mode, name)
             field_ = fields[name]
             parts.append(UserText(field_.text) if field_.ids is None else Ids(field_.ids))
     return parts
@@ -215,10 +215,11 @@ class PromptEncoder:
     def prefix_ids(self, context: AgentContext, mode: Mode) -> list[int]:
         ids = self.inert.assemble(self.prefix_parts(context, mode))
         if len(ids) + len(self.suffix_ids) >= self.config.max_length:
-            raise ValueError(
+            message = (
                 f"prompt without document is {len(ids) + len(self.suffix_ids)} tokens, "
                 f"max_length is {self.config.max_length}"
             )
+            raise FieldError("context", message, message=message)
         return ids
 
     def document_budget(self, prefix_len: int) -> int:

@@ -39,7 +39,7 @@ from acare_ray.scoring.config import (
     read_acare_config,
     resolve_model_path,
 )
-from acare_ray.scoring.context import AUTO, AgentContext, Mode, parse_mode
+from acare_ray.scoring.context import AUTO, AgentContext, FieldError, Mode, parse_mode
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,14 @@ def rank_order(scores: np.ndarray, top_k: int | None = None) -> np.ndarray:
 
 def check_documents(documents: Sequence[str]) -> list[str]:
     if isinstance(documents, str) or not isinstance(documents, Sequence):
-        raise ValueError(f"documents must be a list of strings, got {type(documents).__name__}")
+        raise FieldError("documents", f"must be a list of strings, got {type(documents).__name__}")
     for i, doc in enumerate(documents):
         if doc is None:
-            raise ValueError(f"documents[{i}] is None")
+            raise FieldError("documents", "is None", i)
         if not isinstance(doc, str):
-            raise ValueError(f"documents[{i}] must be a string, got {type(doc).__name__}")
+            raise FieldError("documents", f"must be a string, got {type(doc).__name__}", i)
         if not doc.strip():
-            raise ValueError(f"documents[{i}] is empty")
+            raise FieldError("documents", "is empty", i)
     return list(documents)
 
 
