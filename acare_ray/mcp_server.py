@@ -145,13 +145,13 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     import httpx
     import numpy as np
 
+    from acare_ray.checkpoint_settings import read_fusion
     from acare_ray.client import AsyncAcareClient
     from acare_ray.online.http import Scored, client_of, create_api
+    from acare_ray.online.search_routes import SearchSettings, search_routes
     from acare_ray.online.service import RerankService
     from acare_ray.scoring import Scorer
-    from acare_ray.search.api import SearchSettings, search_routes
     from acare_ray.search.sessions import LocalSessions
-    from acare_ray.training.checkpoint import read_fusion
 
     fitted = read_fusion(model)
     scorer = Scorer.from_pretrained(model, device=device)

@@ -17,9 +17,20 @@ PACKAGE = Path(acare_ray.__file__).parent
 # Layers, lowest first: a module may import its own layer and those below.
 LAYERS = [
     ("acare_ray.scoring",),
-    ("acare_ray.loss", "acare_ray.metrics", "acare_ray.schema", "acare_ray.fusion"),
-    ("acare_ray.sessions", "acare_ray.data"),
+    (
+        "acare_ray.loss",
+        "acare_ray.metrics",
+        "acare_ray.schema",
+        "acare_ray.fusion",
+        "acare_ray.request_errors",
+    ),
+    ("acare_ray.session_replay", "acare_ray.data", "acare_ray.checkpoint_settings"),
+    ("acare_ray.search", "acare_ray.training"),  # HTTP-free retrievers and memory; the trainer
+    ("acare_ray.online", "acare_ray.offline", "acare_ray.client"),  # the app, the jobs
+    # above them: what uses them (the agent loop, MCP, adapters, demo and the CLIs)
 ]
+# The only modules outside training/ that may import it: the commands that run training.
+TRAINING_USERS = ("acare_ray.demo", "acare_ray.cli")
 
 
 def modules() -> dict[str, Path]:
@@ -85,6 +96,16 @@ def test_the_import_graph_has_no_cycles():
     assert cycles == []
 
 
+def test_only_the_commands_that_train_import_the_trainer():
+    users = sorted(
+        name
+        for name, targets in import_graph().items()
+        if not name.startswith("acare_ray.training")
+        and any(t.startswith("acare_ray.training") for t in targets)
+    )
+    assert users and set(users) <= set(TRAINING_USERS), users
+
+
 def test_the_graph_sees_real_imports():
     """The scan itself: it finds edges the code certainly has (else the tests above are empty)."""
     graph = import_graph()
@@ -92,4 +113,6 @@ def test_the_graph_sees_real_imports():
         "acare_ray.scoring" in graph["acare_ray.offline.score"]
     )
     assert "acare_ray.scoring.causal.load" in graph["acare_ray.scoring.causal.backend"]
-    assert layer("acare_ray.online.service") == len(LAYERS)
+    assert layer("acare_ray.online.service") == 4
+    assert layer("acare_ray.mcp_server") == len(LAYERS)
+    assert "acare_ray.online.search_routes" in graph["acare_ray.online.deployment"]

@@ -196,7 +196,7 @@ def close_all(systems: list[Any]) -> None:
 
 def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
     """The in-process fused settings, ``auto`` resolved to the model's fitted one, once each."""
-    from acare_ray.training.checkpoint import read_fusion
+    from acare_ray.checkpoint_settings import read_fusion
 
     fitted = read_fusion(config.model) if "auto" in map(str.strip, config.fusion) else None
     out: list[FusionConfig] = []

@@ -38,7 +38,7 @@ from acare_ray.agent.rerankers import EndpointError, fusion_setting
 @dataclass(frozen=True)
 class ServerSearch:
     """One agent search as it goes to the server (the fields of a ``/v1/search`` body that the
-    agent sets; not :class:`acare_ray.sessions.SessionSearch`, a replayed search's labels)."""
+    agent sets; not :class:`acare_ray.session_replay.SessionSearch`, a replayed search's labels)."""
 
     session_id: str
     query: str

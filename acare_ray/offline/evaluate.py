@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from acare_ray.checkpoint_settings import read_fusion
 from acare_ray.fusion import FusionConfig, first_stage_ranks, fuse, ranked_run, resolve_fusion
 from acare_ray.metrics import (
     DEFAULT_MEASURES,
@@ -57,7 +58,6 @@ from acare_ray.offline.session_eval import (
     session_section,
 )
 from acare_ray.scoring import Mode, parse_mode
-from acare_ray.training.checkpoint import read_fusion
 
 TESTS = ("randomization", "bootstrap")
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.fusion import DEFAULT_RRF_K, fit, grid
 from acare_ray.metrics import parse_measure
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_runs
 from acare_ray.offline.job import ActorPool, Job, ScorerSettings, ray_session, run_job
 from acare_ray.scoring import Mode, parse_mode
-from acare_ray.training.checkpoint import write_fusion
 
 
 @dataclass(frozen=True)

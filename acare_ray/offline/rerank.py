@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from acare_ray.checkpoint_settings import read_fusion
 from acare_ray.fusion import FusionConfig, resolve_fusion
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
 from acare_ray.scoring import Mode, parse_mode
-from acare_ray.training.checkpoint import read_fusion
 
 
 @dataclass(frozen=True)

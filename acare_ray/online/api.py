@@ -7,7 +7,7 @@ scores in input order.
 
 All three shapes accept the ACARe extension fields ``original_question``, ``reasoning`` and
 ``mode``, and the first-stage fields ``first_stage_scores``, ``first_stage_order`` and
-``fusion`` (:mod:`acare_ray.online.first_stage`: with a first stage the results follow the
+``fusion`` (:mod:`acare_ray.online.fusion_fields`: with a first stage the results follow the
 fused order; without one a response is exactly as before). Unknown fields are refused (422) so
 a misspelt context field never goes unnoticed; Cohere fields this server does not act on
 (``max_chunks_per_doc``, ``priority``) are accepted so unmodified clients keep working.
@@ -32,7 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, m
 from pydantic_core import PydanticCustomError
 from scipy.special import expit
 
-from acare_ray.online.first_stage import FirstStageFields, FusedScores
+from acare_ray.online.fusion_fields import FirstStageFields, FusedScores
 from acare_ray.online.service import ScoringJob, Search
 from acare_ray.scoring import rank_order
 
@@ -285,7 +285,7 @@ def cohere_response(
     tokens: int = 0,
     fused: FusedScores | None = None,
 ) -> RerankResponse:
-    """``fused``: the request's fusion (:func:`~acare_ray.online.first_stage.fuse_request`);
+    """``fused``: the request's fusion (:func:`~acare_ray.online.fusion_fields.fuse_request`);
     None answers by log-odds alone, as without the first-stage fields."""
     order = rank_order(scores, request.top_n) if fused is None else fused.top(request.top_n)
     probabilities = relevance(scores)

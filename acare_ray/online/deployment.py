@@ -64,7 +64,8 @@ from acare_ray.online.models import (
     checkpoint_version,
     model_card,
 )
-from acare_ray.online.service import ClientError, Limits, RerankService, ScoringJob
+from acare_ray.online.service import Limits, RerankService, ScoringJob
+from acare_ray.request_errors import ClientError
 from acare_ray.scoring import DEFAULT_MODEL, Cancelled
 
 DEFAULT_MAX_BATCH_SIZE = 8
@@ -133,7 +134,7 @@ class AppArgs(BaseModel):
     search: dict[str, Any] | None = Field(
         None,
         description="POST /v1/search: a first stage and session bounds "
-        "(acare_ray.search.api.SearchSettings); None: no search routes.",
+        "(acare_ray.online.search_routes.SearchSettings); None: no search routes.",
     )
     allow_unauthenticated: bool = Field(
         False,
@@ -440,8 +441,8 @@ class Reranker:
     """One model replica; see the module docstring."""
 
     def __init__(self, args: dict[str, Any], sessions: Any = None) -> None:
+        from acare_ray.checkpoint_settings import read_fusion
         from acare_ray.scoring import Scorer
-        from acare_ray.training.checkpoint import read_fusion
 
         config = AppArgs.model_validate(args)
         self.api_keys = config.api_keys()  # before loading: no key, no replica
@@ -693,7 +694,7 @@ def _search_routes(config: AppArgs, sessions: Any, max_documents: int, fitted: A
     if config.search is None:
         return None
     from acare_ray.online.http import client_of
-    from acare_ray.search.api import HandleSessions, SearchSettings, search_routes
+    from acare_ray.online.search_routes import HandleSessions, SearchSettings, search_routes
 
     settings = SearchSettings.model_validate(config.search)
     context = serve.get_replica_context()
@@ -710,13 +711,13 @@ def _search_routes(config: AppArgs, sessions: Any, max_documents: int, fitted: A
 
 def build_app(args: AppArgs) -> Application:
     """Application builder for ``serve run`` / ``serve deploy`` / a Serve config's ``args``;
-    with ``search`` set, the app also holds its :class:`~acare_ray.search.store.SessionStore`."""
+    with ``search`` set, the app also holds its :class:`~acare_ray.online.session_store.SessionStore`."""
     if not isinstance(args, AppArgs):
         args = AppArgs.model_validate(args or {})
     if args.search is None:
         return Reranker.bind(args.model_dump())
-    from acare_ray.search.api import SearchSettings
-    from acare_ray.search.store import SessionStore
+    from acare_ray.online.search_routes import SearchSettings
+    from acare_ray.online.session_store import SessionStore
 
     limits = SearchSettings.model_validate(args.search).session_limits()
     return Reranker.bind(args.model_dump(), SessionStore.bind(vars(limits).copy()))

@@ -55,7 +55,7 @@ from acare_ray.online.api import (
     cohere_response,
     tei_response,
 )
-from acare_ray.online.first_stage import FirstStageFields, FusedScores, fuse_request
+from acare_ray.online.fusion_fields import FirstStageFields, FusedScores, fuse_request
 from acare_ray.online.metrics import MODE_STATE, MODEL_STATE, Recorder, RequestMetrics
 from acare_ray.online.models import (
     ModelRouter,
@@ -65,14 +65,13 @@ from acare_ray.online.models import (
     header_model,
 )
 from acare_ray.online.service import (
-    ClientError,
     Limits,
     RerankService,
     ScoringJob,
     Search,
-    bounded,
     scoring_refusal,
 )
+from acare_ray.request_errors import ClientError, bounded
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -466,7 +465,7 @@ def create_api(
     read; ``api_key`` is one key or several (any of them is accepted; each is a client of its
     own for fairness); ``healthy`` says whether ``/health`` answers ok; ``fitted_fusion`` is the
     served checkpoint's fitted fusion, what ``fusion: auto`` means (see
-    :mod:`acare_ray.online.first_stage`); ``extra_routes(app, run)`` adds more routes that
+    :mod:`acare_ray.online.fusion_fields`); ``extra_routes(app, run)`` adds more routes that
     score through the same ``run`` (``/v1/search``, always the default model); ``metrics`` (if
     given) records requests and what they scored (:mod:`acare_ray.online.metrics`).
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from acare_ray.request_errors import ClientError
 from acare_ray.scoring import (
     AUTO,
     AgentContext,
@@ -29,29 +30,6 @@ from acare_ray.scoring import (
     parse_mode,
     score_isolated,
 )
-
-# Error messages may quote client input (a mode name, an exception text): never echo more.
-MAX_MESSAGE_CHARS = 300
-
-
-def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``text`` cut to ``limit`` characters (marked with an ellipsis) and made valid UTF-8."""
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-class ClientError(Exception):
-    """A request the server refuses: ``status`` (HTTP code), ``field`` (request field at fault).
-
-    The message is bounded (:data:`MAX_MESSAGE_CHARS`) whatever input it quotes."""
-
-    def __init__(self, status: int, field: str, message: str) -> None:
-        field = bounded(field, 100)
-        self.status = status
-        self.field = field
-        self.message = bounded(f"{field}: {message}")
-        super().__init__(self.message)
-
 
 # The scoring core names a search's inputs as AgentContext does; a request as its endpoint does.
 _REQUEST_FIELD = {

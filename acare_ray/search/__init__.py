@@ -4,5 +4,6 @@ the reranker with the agent's context, and session memory of what the agent has 
 - :mod:`acare_ray.search.index`: ``acare index`` builds an index folder from a corpus;
 - :mod:`acare_ray.search.first_stage`: the first stages behind one protocol;
 - :mod:`acare_ray.search.sessions`: bounded per-client session memory;
-- :mod:`acare_ray.search.api`: ``POST /v1/search`` and ``/v1/sessions`` for the Serve app.
+HTTP-free: the Serve app's ``POST /v1/search`` and ``/v1/sessions`` routes over these are
+:mod:`acare_ray.online.search_routes`.
 """

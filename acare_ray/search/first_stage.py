@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from acare_ray.online.service import ClientError
+from acare_ray.request_errors import ClientError
 from acare_ray.search.index import document_text, load_index
 
 

@@ -6,7 +6,7 @@ Bounds: a session unused for ``ttl_s`` is forgotten; a client keeps at most
 ``max_sessions_per_client`` sessions (the least recently used goes first); at most
 ``max_clients`` clients are kept (likewise); a session remembers at most ``max_seen`` ids (the
 oldest go first). Pure Python and single-threaded; in Serve one
-:class:`acare_ray.search.store.SessionStore` replica holds it for every replica of the app
+:class:`acare_ray.online.session_store.SessionStore` replica holds it for every replica of the app
 (docs/agents.md says why).
 """
 

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from acare_ray.fusion import FusionConfig
 from acare_ray.scoring import ACARE_CONFIG_FILE, Scorer
 
 TRAINING_FILE = "training.json"
@@ -191,42 +190,3 @@ def read_trainer_state(directory: str | os.PathLike) -> dict[str, Any] | None:
         )
         return None
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-FUSION_KEY = "fusion"
-
-
-def read_fusion(model: str | os.PathLike) -> FusionConfig | None:
-    """The fusion setting fitted for a checkpoint (``fusion`` in its ``acare.json``), or None
-    when it has none (an unfitted checkpoint, a Hub id, an alias)."""
-    from acare_ray.scoring import read_acare_config
-
-    path = Path(model)
-    if not path.is_dir():
-        return None
-    saved = read_acare_config(str(path)).get(FUSION_KEY)
-    if not saved:
-        return None
-    try:
-        return FusionConfig.from_dict(saved)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path / ACARE_CONFIG_FILE}: {FUSION_KEY} is not valid: {err}") from None
-
-
-def write_fusion(
-    directory: str | os.PathLike, config: FusionConfig, fitted: dict[str, Any] | None = None
-) -> Path:
-    """Store ``config`` (and how it was fitted) as the checkpoint's default fusion, in its
-    ``acare.json`` (other entries kept; the file is replaced whole, never half-written)."""
-    from acare_ray.scoring import read_acare_config
-
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ValueError(f"{directory}: fusion can only be stored with a local checkpoint folder")
-    saved = read_acare_config(str(directory))
-    saved[FUSION_KEY] = {**config.as_dict(), **({"fitted": fitted} if fitted else {})}
-    path = directory / ACARE_CONFIG_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(saved, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path

@@ -16,11 +16,11 @@ from acare_ray.agent.rerankers import (
 )
 from acare_ray.agent.simulate import run_task
 from acare_ray.agent.tasks import build_tasks, select_records
+from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.data.io import data_dir
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scoring import AgentContext
 from acare_ray.testing import json_stub_server
-from acare_ray.training.checkpoint import write_fusion
 
 REQUEST = RerankRequest(
     query="capital population",

@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from acare_ray.online.http import Scored, create_api
-from acare_ray.online.service import ClientError, RerankService, Search
+from acare_ray.online.service import RerankService, Search
+from acare_ray.request_errors import ClientError
 from acare_ray.scoring import AgentContext, Mode
 from acare_ray.scoring.prompt import INSTRUCTIONS, SUFFIX, render_prefix
 

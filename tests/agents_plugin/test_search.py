@@ -16,9 +16,10 @@ from acare_ray.cli import main
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.http import Scored, client_of, create_api
-from acare_ray.online.service import ClientError, Limits, RerankService
+from acare_ray.online.search_routes import SearchSettings, search_routes
+from acare_ray.online.service import Limits, RerankService
+from acare_ray.request_errors import ClientError
 from acare_ray.scoring import AgentContext, rank_order
-from acare_ray.search.api import SearchSettings, search_routes
 from acare_ray.search.first_stage import BM25FirstStage, HttpFirstStage
 from acare_ray.search.index import document_text
 from acare_ray.search.sessions import LocalSessions, SessionLimits, SessionMemory

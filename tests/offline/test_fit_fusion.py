@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 import pytest
 
+from acare_ray.checkpoint_settings import read_fusion
 from acare_ray.cli import main
 from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES, synthetic_searches
@@ -20,7 +21,6 @@ from acare_ray.offline.evaluate import (
     load_qrels,
 )
 from acare_ray.offline.rerank import RerankConfig
-from acare_ray.training.checkpoint import read_fusion
 
 pytestmark = pytest.mark.slow
 

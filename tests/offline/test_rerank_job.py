@@ -283,8 +283,8 @@ def test_rerank_uses_the_fusion_fitted_for_the_checkpoint_and_never_mixes_on_res
     ray_local, mixed_searches, tiny_qwen3_copy, tmp_path
 ):
     """Issue 20: the fitted setting stored with a checkpoint is what rerank uses by default."""
+    from acare_ray.checkpoint_settings import write_fusion
     from acare_ray.fusion import FusionConfig, fuse
-    from acare_ray.training.checkpoint import write_fusion
 
     fitted = FusionConfig("rrf", k=60, weight=0.3)
     write_fusion(tiny_qwen3_copy, fitted, {"objective": "nDCG@10"})

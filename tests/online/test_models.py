@@ -28,14 +28,15 @@ from pydantic import ValidationError
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 
+from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.deployment import AppArgs
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
-from acare_ray.online.service import ClientError, RerankService
+from acare_ray.online.service import RerankService
+from acare_ray.request_errors import ClientError
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Scorer
 from acare_ray.testing import build_random_qwen3, deploy_serve_config, free_port
-from acare_ray.training.checkpoint import write_fusion
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ("base", "acare-ft", "acare-ft-musique")

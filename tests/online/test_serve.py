@@ -43,10 +43,10 @@ from online_support import cohere_rerank, local_serve_config
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, CONTEXT, QUERY, QUESTION, REASONING
 
+from acare_ray.checkpoint_settings import read_fusion, write_fusion
 from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Mode, Scorer
 from acare_ray.testing import deploy_serve_config, free_port
-from acare_ray.training.checkpoint import read_fusion, write_fusion
 
 pytestmark = pytest.mark.slow
 

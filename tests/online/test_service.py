@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from acare_ray.online.service import (
-    ClientError,
     Limits,
     RerankService,
     ScoringJob,
     Search,
     scoring_refusal,
 )
-from acare_ray.scoring import AgentContext, Mode, Scorer
+from acare_ray.request_errors import ClientError
+from acare_ray.scoring import AgentContext, Mode, Scorer, check_documents
 
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
 REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria and its population."
@@ -170,22 +172,44 @@ def test_a_job_the_scorer_rejects_does_not_fail_the_others(causal, tiny_scorer):
     np.testing.assert_allclose(results[2], want, atol=1e-5)
 
 
+def _raised(call) -> ValueError:
+    try:
+        call()
+    except ValueError as err:
+        return err
+    raise AssertionError("no error")
+
+
+def _prompt_too_long(tiny_scorer) -> ValueError:
+    from acare_ray.scoring.prompt import PromptEncoder
+
+    encoder = tiny_scorer.backend.encoder
+    short = PromptEncoder(encoder.tokenizer, dataclasses.replace(encoder.config, max_length=8))
+    return _raised(lambda: short.prefix_ids(AgentContext("capital population"), Mode.M0))
+
+
+def _unattributed(_) -> None:
+    raise ValueError("something the scorer did not attribute")
+
+
 @pytest.mark.parametrize(
-    ("message", "field", "said"),
+    ("raise_it", "field", "said"),
     [
-        ("documents[2] is empty", "first_stage[2]", "first_stage[2]: is empty"),
-        ("documents must be a list of strings, got str", "first_stage", None),
-        ("sub_query is missing or empty", "query", "query: is missing or empty"),
-        ("reasoning: expected a string, got int", "reasoning", None),
-        ("mode M3 needs the field 'question', which is missing", "original_question", None),
-        ("prompt without document is 9 tokens, max_length is 8", "query", None),
-        ("something the scorer did not attribute", "first_stage", None),
+        (lambda _: check_documents(["a", "b", " "]), "first_stage[2]", "first_stage[2]: is empty"),
+        (lambda _: check_documents("one string"), "first_stage", None),
+        (lambda _: AgentContext("   "), "query", "query: is missing or empty"),
+        (lambda _: AgentContext("q", reasoning=5), "reasoning", None),
+        (lambda _: AgentContext("q").resolve_mode(Mode.M3), "original_question", None),
+        (_prompt_too_long, "query", None),
+        (_unattributed, "first_stage", None),
     ],
 )
-def test_a_scorer_error_names_the_request_field(message, field, said):
+def test_a_scorer_error_names_the_request_field(tiny_scorer, raise_it, field, said):
     """Pins issue 22: every ValueError from scoring was put on `documents`, whatever the
-    request called its documents (`texts`, `first_stage`) and whatever field was at fault."""
-    refusal = scoring_refusal(search(documents_field="first_stage"), ValueError(message))
+    request called its documents (`texts`, `first_stage`) and whatever field was at fault.
+    The errors are the core's own (issue 33: read from their attributes, not their text)."""
+    err = raise_it(tiny_scorer) if raise_it is _prompt_too_long else _raised(lambda: raise_it(None))
+    refusal = scoring_refusal(search(documents_field="first_stage"), err)
     assert (refusal.status, refusal.field) == (422, field)
     if said is not None:
         assert refusal.message == said

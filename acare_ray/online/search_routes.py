@@ -28,8 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
 from acare_ray.online.api import AgentFields, relevance
-from acare_ray.online.first_stage import FusionSetting
-from acare_ray.online.service import ClientError, ScoringJob, Search
+from acare_ray.online.fusion_fields import FusionSetting
+from acare_ray.online.service import ScoringJob, Search
+from acare_ray.request_errors import ClientError
 from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
 from acare_ray.search.sessions import SessionLimits
 

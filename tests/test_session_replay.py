@@ -7,7 +7,7 @@ import pytest
 
 from acare_ray.metrics import paired_randomization_test
 from acare_ray.offline.session_eval import SessionData, Significance, session_section
-from acare_ray.sessions import SessionSearch, replay_session, session_means
+from acare_ray.session_replay import SessionSearch, replay_session, session_means
 
 
 def test_replay_returns_only_unseen_documents_and_counts_recall_by_page():
