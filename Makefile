@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-floor lint bench recipe clean
+.PHONY: install demo test test-fast test-floor lint bench recipe clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,11 @@ demo: install
 
 test: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pytest -q
+
+# The inner loop: no Ray, no servers, no subprocesses, nothing marked slow (tests/conftest.py
+# marks the heavy modules). Not instead of `make test`, which CI runs.
+test-fast: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pytest -q -m "not heavy and not slow"
 
 # The suite against the oldest versions pyproject allows (requirements/floor.txt), in its own
 # venv. CI keeps the current versions (make test).

@@ -124,8 +124,35 @@ OWN_CLUSTER_MODULES = (
 )
 
 
+# A test module that mentions one of these starts Ray, a server or another process: its tests
+# are marked ``heavy`` and left out of the fast tier (``make test-fast``: -m "not heavy and not
+# slow"). ``make test`` runs everything.
+HEAVY_SIGNS = (
+    "ray_local",
+    "import ray",
+    "ray.init",
+    "subprocess",
+    "running(",
+    "serve_app",
+    "Popen",
+)
+_heavy_modules: dict[str, bool] = {}
+
+
+def _is_heavy(item) -> bool:
+    path = str(item.fspath)
+    if path not in _heavy_modules:
+        source = Path(path).read_text(encoding="utf-8") if path.endswith(".py") else ""
+        _heavy_modules[path] = any(sign in source for sign in HEAVY_SIGNS)
+    return _heavy_modules[path] or "ray_local" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_modifyitems(session, config, items):
     def own_cluster(item) -> bool:
         return item.nodeid.split("::", 1)[0] in OWN_CLUSTER_MODULES
+
+    for item in items:
+        if _is_heavy(item):
+            item.add_marker(pytest.mark.heavy)
 
     items.sort(key=own_cluster)  # stable: the order within each group is unchanged
