@@ -266,7 +266,7 @@ def admission_window_s(user_config: dict[str, Any], clients: int = 1) -> float:
     """The expected wait at which a replica starts refusing the requests of ``clients``
     clients sharing it evenly: ``admission_deadline_s``, or each client's ``client_share`` of
     it when that is less (one client alone is refused past its share)."""
-    from acare_ray.online.deployment import ReplicaSettings
+    from acare_ray.online.app_args import ReplicaSettings
 
     settings = ReplicaSettings.model_validate(user_config)
     share = settings.client_share * settings.admission_deadline_s * clients

@@ -182,7 +182,8 @@ def serve_app(cfg: BenchConfig, path: Path) -> str:
     import ray
     from ray import serve
 
-    from acare_ray.online.deployment import AppArgs, Reranker
+    from acare_ray.online.app_args import AppArgs
+    from acare_ray.online.deployment import Reranker
 
     cpus = max(2, int(np.ceil(cfg.replica_cpus)) + 1)
     ray.init(

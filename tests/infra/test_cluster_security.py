@@ -22,7 +22,7 @@ import pytest
 import yaml
 from infra_support import KUBERAY, REPO, load_yaml_documents, manifest_documents, ray_manifests
 
-from acare_ray.online.deployment import AppArgs
+from acare_ray.online.app_args import AppArgs
 
 RAY_MANIFESTS = ray_manifests()
 CLUSTERS = {

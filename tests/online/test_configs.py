@@ -10,15 +10,9 @@ from ray.serve import Application
 from ray.serve.schema import ServeDeploySchema
 
 from acare_ray.cli import main
-from acare_ray.online.deployment import (
-    DEFAULT_MAX_BATCH_SIZE,
-    AppArgs,
-    Pending,
-    ReplicaSettings,
-    Reranker,
-    batch_slots,
-    build_app,
-)
+from acare_ray.online.app_args import DEFAULT_MAX_BATCH_SIZE, AppArgs, ReplicaSettings
+from acare_ray.online.batch_queue import Pending, batch_slots
+from acare_ray.online.deployment import Reranker, build_app
 from acare_ray.online.service import ScoringJob
 from acare_ray.scoring import AgentContext, Mode
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from online_support import admission_screen, admitted_scoring
 
 from acare_ray.online.admission import Admission
-from acare_ray.online.deployment import AppArgs
+from acare_ray.online.app_args import AppArgs
 from acare_ray.online.http import create_api, parse_keys
 from acare_ray.online.service import Limits, RerankService, Search
 from acare_ray.scoring import AgentContext

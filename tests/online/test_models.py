@@ -30,7 +30,7 @@ from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 
 from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.fusion import FusionConfig
-from acare_ray.online.deployment import AppArgs
+from acare_ray.online.app_args import AppArgs
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import RerankService
