@@ -28,7 +28,15 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from scipy.special import expit
 
@@ -182,15 +190,22 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
 
 
 class TeiRerankRequest(AgentFields, FirstStageFields):
-    """text-embeddings-inference ``/rerank`` body."""
+    """text-embeddings-inference ``/rerank`` body. Booleans are strict, as TEI's are (``"yes"``
+    is a 422, not true). ``model`` and ``top_n``, which TEI clients such as ``rerankers`` send,
+    are accepted and ignored as TEI ignores them; other unknown fields stay refused, so a
+    misspelt context field is never dropped silently."""
 
     documents_field = "texts"
 
     query: str = Field(description="The search query the agent sent (the sub-query).")
-    texts: list[StrictStr] = Field(description="The documents.")
-    raw_scores: bool = Field(False, description="Return log-odds instead of sigmoid(log-odds).")
-    return_text: bool = Field(False, description="Include each text in its result.")
-    truncate: bool | None = Field(
+    texts: list[StrictStr] = Field(description="The documents (empty: 400, as in TEI).")
+    raw_scores: StrictBool = Field(
+        False, description="Return log-odds instead of sigmoid(log-odds)."
+    )
+    return_text: StrictBool = Field(False, description="Include each text in its result.")
+    model: str | None = Field(None, description="Accepted and ignored, as TEI does.")
+    top_n: int | None = Field(None, description="Accepted and ignored, as TEI does.")
+    truncate: StrictBool | None = Field(
         None,
         description="Cut texts that do not fit; false refuses them (413); null: server default.",
     )

@@ -44,6 +44,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from acare_ray import __version__
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.admission import Overloaded
 from acare_ray.online.api import (
@@ -107,8 +108,25 @@ def parse_keys(value: str | None) -> tuple[str, ...]:
     return tuple(k.strip() for k in value.replace(",", "\n").splitlines() if k.strip())
 
 
-def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"message": bounded(message)}, status_code=status, headers=headers)
+# text-embeddings-inference's error types (its ErrorResponse), by our status on its routes.
+TEI_PATHS = frozenset({"/rerank"})
+_TEI_ERROR_TYPE = {400: "empty", 429: "overloaded", 503: "overloaded", 504: "backend"}
+
+
+def _tei_fields(path: str, status: int, message: str, kind: str | None = None) -> dict[str, str]:
+    """On a TEI route, TEI's ``{error, error_type}`` beside our ``message``: TEI clients read
+    ``error``. Other routes: nothing."""
+    if path not in TEI_PATHS:
+        return {}
+    return {"error": message, "error_type": kind or _TEI_ERROR_TYPE.get(status, "validation")}
+
+
+def _json_error(
+    status: int, message: str, headers: dict[str, str] | None = None, path: str = ""
+) -> JSONResponse:
+    text = bounded(message)
+    body = {"message": text, **_tei_fields(path, status, text)}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class Gate:
@@ -148,6 +166,7 @@ class Gate:
                 401,
                 "Authorization: a valid 'Bearer <key>' header is required",
                 {"www-authenticate": "Bearer"},
+                _route_path(scope),
             )
             await response(scope, receive, send)
             return
@@ -156,11 +175,12 @@ class Gate:
         if self.screen is not None and _route_path(scope) in RERANK_PATHS:
             refusal = self.screen(identity)
             if refusal is not None:
-                await _overloaded_response(refusal)(scope, receive, send)
+                await _overloaded_response(refusal, _route_path(scope))(scope, receive, send)
                 return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            await _json_error(413, self._too_large(int(declared)))(scope, receive, send)
+            refusal = _json_error(413, self._too_large(int(declared)), path=_route_path(scope))
+            await refusal(scope, receive, send)
             return
         received = 0
         loop = asyncio.get_running_loop()
@@ -224,7 +244,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = []
     status = 422
     for error in exc.errors()[:20]:
@@ -238,30 +258,43 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
             {"field": field, "message": message if whole_body else f"{field}: {message}"}
         )
     text = bounded("; ".join(p["message"] for p in problems), 1000)
-    return JSONResponse({"message": text, "errors": problems}, status_code=status)
+    tei = _tei_fields(_route_path(request.scope), status, text)
+    return JSONResponse({"message": text, "errors": problems, **tei}, status_code=status)
 
 
-def _overloaded_response(exc: Overloaded) -> JSONResponse:
+def _overloaded_response(exc: Overloaded, path: str = "") -> JSONResponse:
     headers = {
         "retry-after": str(exc.retry_after_s),
         "x-acare-expected-wait-s": f"{exc.expected_wait_s:.3f}",
     }
-    return _json_error(exc.status, exc.message, headers)
+    return _json_error(exc.status, exc.message, headers, path)
 
 
-async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
-    return _overloaded_response(exc)
+async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    return _overloaded_response(exc, _route_path(request.scope))
 
 
-async def _client_error(_: Request, exc: ClientError) -> JSONResponse:
+class EmptyTexts(ClientError):
+    """TEI's answer to a rerank without texts: 400, ``error_type: empty``."""
+
+    def __init__(self) -> None:
+        super().__init__(400, "texts", "cannot be empty")
+
+
+async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
+    path = _route_path(request.scope)
     if isinstance(exc, UnknownModel):  # its body lists the available models in full
         body = {"message": bounded(exc.message), **exc.body()}
-        return JSONResponse(body, status_code=exc.status)
-    return _json_error(exc.status, exc.message)
+        return JSONResponse(body | _tei_fields(path, exc.status, body["message"]), exc.status)
+    if isinstance(exc, EmptyTexts):
+        body = {"message": exc.message, **_tei_fields(path, 400, "`texts` cannot be empty")}
+        return JSONResponse(body, status_code=400)
+    return _json_error(exc.status, exc.message, path=path)
 
 
-async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
-    return _json_error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    headers = getattr(exc, "headers", None)
+    return _json_error(exc.status_code, str(exc.detail), headers, _route_path(request.scope))
 
 
 def _with_max_items(model: type[BaseModel], field: str, limit: int) -> type[BaseModel]:
@@ -381,9 +414,19 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
 
     async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
         """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
-        tokens scored are in the `x-acare-tokens` header."""
+        tokens scored are in the `x-acare-tokens` and TEI's `x-compute-tokens` headers. As in
+        TEI, `model` and `top_n` are accepted and ignored, and empty `texts` is a 400."""
+        began = time.perf_counter()
+        if not body.texts:
+            raise EmptyTexts()
         name = catalog.name_for(None, header_model(request.headers))
-        served, _, scores, _ = await scoring.run_on(name, body.search(), request, response)
+        served, _, scores, tokens = await scoring.run_on(name, body.search(), request, response)
+        elapsed_ms = str(round(1e3 * (time.perf_counter() - began)))
+        response.headers["x-compute-tokens"] = str(tokens)
+        response.headers["x-compute-characters"] = str(
+            len(body.query) + sum(len(t) for t in body.texts)
+        )
+        response.headers["x-compute-time"] = response.headers["x-total-time"] = elapsed_ms
         return tei_response(body, scores, _fused(body, scores, response, served))
 
     # The body models are built per app (max_documents), so the annotations are set here.
@@ -401,14 +444,22 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
     api.post("/rerank", response_model=list[TeiRank], **answers)(rerank_tei)
 
 
+def _model_dtype(service: RerankService) -> str:
+    """The loaded weights' dtype name (``float32``, ``bfloat16``)."""
+    model = getattr(service.scorer.backend, "hf_model", None)
+    weight = next(model.parameters(), None) if model is not None else None
+    return str(weight.dtype).removeprefix("torch.") if weight is not None else "unknown"
+
+
 def _info_routes(
     api: FastAPI,
     router: ModelRouter,
     auth: bool,
     status: Callable[[], dict[str, Any]] | None,
     healthy: Callable[[], bool] | None,
+    limits: Limits,
 ) -> None:
-    """``/health`` (open), ``/v1/status`` and ``/v1/models``."""
+    """``/health`` (open), ``/v1/status``, ``/v1/models`` and TEI's ``/info``."""
 
     @api.get("/health")
     async def health() -> JSONResponse:
@@ -416,6 +467,35 @@ def _info_routes(
         `{"status": "down"}` when the replica's last model check failed."""
         up = healthy() if healthy else True
         return JSONResponse({"status": "ok" if up else "down"}, status_code=200 if up else 503)
+
+    @api.get("/info")
+    async def tei_info() -> dict[str, Any]:
+        """text-embeddings-inference's `/info` (what `tei-client` reads before it reranks): the
+        default model as a reranker, its input length and this app's limits. Needs the key
+        when one is configured. `max_concurrent_requests` is null: Serve's proxy bounds it."""
+        name = router.catalog.default
+        async with router.use(name) as served:
+            card = served.service.describe()
+            dtype = _model_dtype(served.service)
+            version = served.version
+        batching = (status() if status else {}).get("batching", {})
+        return {
+            "model_id": name,
+            "model_sha": version,
+            "model_dtype": dtype,
+            "served_model_name": name,
+            "model_type": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
+            "max_concurrent_requests": None,
+            "max_input_length": card["max_length"],
+            "max_batch_tokens": batching.get("max_batch_tokens"),
+            "max_batch_requests": batching.get("max_batch_size"),
+            "max_client_batch_size": limits.max_documents,
+            "auto_truncate": limits.auto_truncate,
+            "tokenization_workers": 1,
+            "version": __version__,
+            "sha": None,
+            "docker_label": None,
+        }
 
     @api.get("/v1/status")
     async def replica_status() -> dict[str, Any]:
@@ -505,7 +585,7 @@ def create_api(
     if extra_routes is not None:
         extra_routes(api, scoring.run)
     _rerank_routes(api, scoring, limits.max_documents)
-    _info_routes(api, models, bool(keys), status, healthy)
+    _info_routes(api, models, bool(keys), status, healthy, limits)
     if metrics is not None:  # outermost: sees what the gate refuses too
         paths = {getattr(route, "path", "") for route in api.routes}
         api.add_middleware(

@@ -337,7 +337,6 @@ def test_max_tokens_per_doc_truncates_and_says_so(http, scorer):
     [
         ("/v1/rerank", {"query": QUERY, "documents": []}),
         ("/v2/rerank", {"query": QUERY, "documents": [], "original_question": QUESTION}),
-        ("/rerank", {"query": QUERY, "texts": []}),
     ],
 )
 def test_empty_documents_answer_200_with_no_results(http, path, body):
@@ -345,6 +344,53 @@ def test_empty_documents_answer_200_with_no_results(http, path, body):
     assert response.status_code == 200
     payload = response.json()
     assert (payload == []) if path == "/rerank" else (payload["results"] == [])
+
+
+def test_tei_client_health_info_and_rerank_work_unchanged(served, scorer):
+    """The real `tei-client` package (HttpClient: health and info read /info, rerank checks
+    the model type first) against the live app; TEI's scores are sigmoid(log-odds)."""
+    from tei_client import HttpClient
+
+    client = HttpClient(served["base"], timeout=60)
+    assert client.health()
+    info = client.info()
+    assert info.server_model_type.value == "reranker"
+    assert info.max_input_length == scorer.backend.encoder.config.max_length
+    assert info.max_client_batch_size == MAX_DOCUMENTS
+    ranks = client.rerank(QUERY, DOCUMENTS, return_text=True).ranks
+    want = expected(scorer, AgentContext(QUERY), DOCUMENTS)
+    assert [r.index for r in ranks] == list(np.argsort(-want, kind="stable"))
+    np.testing.assert_allclose([r.score for r in ranks], expit(np.sort(want)[::-1]), atol=1e-5)
+    assert ranks[0].text == DOCUMENTS[ranks[0].index]
+    raw = client.rerank(QUERY, DOCUMENTS, raw_scores=True).ranks
+    np.testing.assert_allclose([r.score for r in raw], np.sort(want)[::-1], atol=1e-4)
+
+
+def test_tei_rerank_answers_as_tei_does(http, scorer):
+    """TEI's own behaviour (text-embeddings-inference router/src/http/server.rs `rerank`, and
+    its ErrorResponse): empty texts is a 400 `{error, error_type: empty}`; `model` and `top_n`
+    are ignored; booleans are strict; errors carry TEI's keys; usage and time in its headers."""
+    empty = http.post("/rerank", json={"query": QUERY, "texts": []})
+    assert empty.status_code == 400
+    assert empty.json()["error"] == "`texts` cannot be empty"
+    assert empty.json()["error_type"] == "empty"
+    body = {"query": QUERY, "texts": DOCUMENTS}
+    plain = http.post("/rerank", json=body)
+    extras = http.post("/rerank", json=body | {"model": "BAAI/bge-reranker-base", "top_n": 1})
+    assert extras.status_code == 200 and extras.json() == plain.json()
+    assert len(extras.json()) == len(DOCUMENTS)
+    assert plain.headers["x-compute-tokens"] == plain.headers["x-acare-tokens"]
+    assert int(plain.headers["x-compute-tokens"]) == tokens_scored(
+        scorer, AgentContext(QUERY), DOCUMENTS
+    )
+    assert int(plain.headers["x-compute-characters"]) == len(QUERY) + sum(map(len, DOCUMENTS))
+    assert int(plain.headers["x-total-time"]) >= 0
+    strict = http.post("/rerank", json=body | {"raw_scores": "yes"})
+    assert strict.status_code == 422
+    assert strict.json()["error_type"] == "validation"
+    assert strict.json()["error"].startswith("raw_scores")
+    cohere = http.post("/v2/rerank", json={"query": QUERY, "documents": ["a"], "top_n": 0})
+    assert "error" not in cohere.json()  # TEI's keys only on TEI routes
 
 
 BAD_REQUESTS = [
