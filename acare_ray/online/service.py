@@ -215,10 +215,12 @@ class RerankService:
         if not truncate:
             for i, count in enumerate(fitted.original):
                 if count > room:
+                    # Only a prefix of a very long text is tokenized: its count is a bound.
+                    size = str(count) if fitted.whole[i] else f"at least {count}"
                     raise ClientError(
                         413,
                         f"{name}[{i}]",
-                        f"is {count} tokens, only {room} fit beside the query "
+                        f"is {size} tokens, only {room} fit beside the query "
                         "(send truncate=true to cut it)",
                     )
         return ScoringJob(

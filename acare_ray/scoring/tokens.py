@@ -46,13 +46,15 @@ class FittedDocuments:
     ``kept[i]`` its token count after the cut; ``original[i]`` its count before (a lower bound
     when only a prefix of a very long text had to be tokenized to know it is over the limit).
     ``exact[i]`` says whether document ``i`` was tokenized; if not, it provably fits and its
-    counts are byte-based estimates.
+    counts are byte-based estimates. ``whole[i]``: ``original[i]`` counts the whole text (else
+    only a prefix was tokenized, and the text has at least that many tokens).
     """
 
     texts: list[str]
     kept: list[int]
     original: list[int]
     exact: list[bool]
+    whole: list[bool]
 
 
 class TokenLayout:
@@ -93,20 +95,21 @@ class TokenLayout:
         kept = [max(1, -(-size // BYTES_PER_TOKEN)) for size in sizes]
         original = list(kept)
         exact = [False] * len(documents)
+        whole = [True] * len(documents)
         long = [i for i, size in enumerate(sizes) if size > limit]
         if not long:
-            return FittedDocuments(texts, kept, original, exact)
+            return FittedDocuments(texts, kept, original, exact, whole)
         pieces = {i: precut(documents[i], limit, keep_end) for i in long}
         for i, (ids, offsets) in zip(long, self._encode([pieces[i] for i in long])):
             doc, piece = documents[i], pieces[i]
             if needs_whole(doc, piece, len(ids), limit):
                 (ids, offsets), piece = self._encode([doc])[0], doc
-            exact[i] = True
+            exact[i], whole[i] = True, len(piece) == len(doc)
             original[i] = kept[i] = len(ids)
             if len(ids) > limit:
                 base = len(doc) - len(piece) if keep_end else 0
                 texts[i], kept[i] = self._cut(doc, offsets, base, limit, keep_end)
-        return FittedDocuments(texts, kept, original, exact)
+        return FittedDocuments(texts, kept, original, exact, whole)
 
     def _encode(self, pieces: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
         return self.inert.encode_offsets([self.lead + p for p in pieces])

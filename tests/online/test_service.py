@@ -254,3 +254,24 @@ def test_a_document_over_the_models_room_scores_as_in_process(tiny_qwen3_dir, ba
     assert service.tokens_scored(job) == scorer.stats.real_tokens - before
     context = AgentContext("capital population", question=QUESTION, reasoning=REASONING)
     np.testing.assert_allclose(served, scorer.score(context, documents, Mode.M3), atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+def test_a_refused_document_states_a_true_token_count(request, backend):
+    """Issue 34: a 2 MB text is only tokenized up to a bounded prefix, so its count is a lower
+    bound and is said as one; a text a little over the room is counted whole, exactly."""
+    service = request.getfixturevalue(backend)
+    context_tokens = service.layout.context_tokens(AgentContext("capital population"), Mode.M0)
+    room = service.layout.room(context_tokens)
+    huge, over = "word " * 400_000, "word " * (room + 20)
+    for text, whole in ((huge, False), (over, True)):
+        with pytest.raises(ClientError) as caught:
+            service.prepare(search(documents=["short", text], truncate=False))
+        message = caught.value.message
+        assert message.startswith("documents[1]: is ") and f"only {room} fit" in message
+        count = int(message.split(" tokens")[0].split()[-1])
+        true_count = service.layout.count([text])[0]
+        if whole:
+            assert "at least" not in message and count == true_count
+        else:
+            assert f"is at least {count} tokens" in message and room < count < true_count
