@@ -189,6 +189,125 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
         return doc.model_dump(exclude_none=True)
 
 
+class V1RerankRequest(CohereRerankRequest):
+    """``/v1/rerank``: Cohere v1, and the shape vLLM's and Jina's rerank clients send there.
+    ``top_n`` 0 means all (vLLM's and Jina's default); ``use_activation`` false returns the raw
+    log-odds as ``relevance_score`` (vLLM); ``truncate_prompt_tokens`` is refused with what to
+    use instead (cutting the whole prompt would cut the agent's context, not the document)."""
+
+    top_n: int | None = Field(
+        None, ge=0, description="Return only the best `top_n` results; 0 or absent: all."
+    )
+    use_activation: StrictBool | None = Field(
+        None, description="false: `relevance_score` is the raw log-odds (vLLM); else sigmoid."
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None, description="vLLM's prompt truncation: refused; use max_tokens_per_doc."
+    )
+
+    @model_validator(mode="after")
+    def _vllm_fields(self) -> V1RerankRequest:
+        if self.truncate_prompt_tokens is not None:
+            raise ValueError(
+                "truncate_prompt_tokens is not supported: it would cut the query and the "
+                "agent's context; cut documents with max_tokens_per_doc instead"
+            )
+        if self.top_n == 0:
+            self.top_n = None
+        return self
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise ValueError(f"{name} is empty")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ValueError(f"{name}[{i}] is empty")
+    return list(texts)
+
+
+SCORE_FIELDS = (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"))
+
+
+class ScoreRequest(AgentFields):
+    """vLLM's score body (``/score``, ``/v1/score``): one query against several texts, or
+    pairs, under any of vLLM's three field names (``text_1``/``text_2``, ``queries``/
+    ``documents``, ``data_1``/``data_2``), plus the ACARe fields. ``model``, ``user``,
+    ``request_id`` and ``priority`` are accepted as vLLM accepts them (``model`` picks among a
+    deployment's models as on the other routes)."""
+
+    model: str | None = None
+    text_1: StrictStr | list[StrictStr] | None = None
+    text_2: StrictStr | list[StrictStr] | None = None
+    queries: StrictStr | list[StrictStr] | None = None
+    documents: StrictStr | list[StrictStr] | None = None
+    data_1: StrictStr | list[StrictStr] | None = None
+    data_2: StrictStr | list[StrictStr] | None = None
+    use_activation: StrictBool | None = Field(
+        None, description="false: raw log-odds; true or absent: sigmoid(log-odds), vLLM's default."
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None, description="Refused, as on /v1/rerank: the whole prompt holds the agent's context."
+    )
+    user: str | None = None
+    request_id: str | None = None
+    priority: int | None = None
+
+    @model_validator(mode="after")
+    def _one_pair_of_fields(self) -> ScoreRequest:
+        if self.truncate_prompt_tokens is not None:
+            raise ValueError(
+                "truncate_prompt_tokens is not supported: it would cut the query and the "
+                "agent's context; documents that do not fit are cut to the room left"
+            )
+        given = [p for p in SCORE_FIELDS if any(getattr(self, f) is not None for f in p)]
+        if len(given) != 1 or any(getattr(self, f) is None for f in given[0]):
+            raise ValueError(
+                "give one pair of fields: text_1 and text_2, queries and documents, or data_1 "
+                "and data_2"
+            )
+        self.pairs()
+        return self
+
+    def pairs(self) -> tuple[str, str, list[str], list[str]]:
+        """The field names and the (query, text) pairs, one query broadcast to every text."""
+        first, second = next(p for p in SCORE_FIELDS if getattr(self, p[0]) is not None)
+        queries = _texts(getattr(self, first), first)
+        texts = _texts(getattr(self, second), second)
+        if len(queries) == 1:
+            queries = queries * len(texts)
+        elif len(queries) != len(texts):
+            raise ValueError(
+                f"{first} has {len(queries)} items and {second} {len(texts)}: give one "
+                f"{first} or as many as {second}"
+            )
+        return first, second, queries, texts
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: str = "score"
+    score: float
+
+
+class ScoreUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+
+
+class ScoreResponse(BaseModel):
+    """vLLM's ``ScoreResponse``: scores in input order."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: ScoreUsage
+
+
 class TeiRerankRequest(AgentFields, FirstStageFields):
     """text-embeddings-inference ``/rerank`` body. Booleans are strict, as TEI's are (``"yes"``
     is a 422, not true). ``model`` and ``top_n``, which TEI clients such as ``rerankers`` send,
@@ -261,10 +380,19 @@ class RerankResult(BaseModel):
     document: dict[str, Any] | None = None
 
 
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
 class RerankResponse(BaseModel):
     id: str
     results: list[RerankResult] = Field(description="Best first.")
     meta: RerankMeta
+    model: str | None = Field(None, description="/v1/rerank: the served model (vLLM, Jina).")
+    usage: RerankUsage | None = Field(
+        None, description="/v1/rerank: the tokens scored, as vLLM and Jina report them."
+    )
 
 
 class TeiRank(BaseModel):
@@ -303,7 +431,8 @@ def cohere_response(
     """``fused``: the request's fusion (:func:`~acare_ray.online.fusion_fields.fuse_request`);
     None answers by log-odds alone, as without the first-stage fields."""
     order = rank_order(scores, request.top_n) if fused is None else fused.top(request.top_n)
-    probabilities = relevance(scores)
+    raw = getattr(request, "use_activation", None) is False
+    probabilities = np.asarray(scores, dtype=np.float64) if raw else relevance(scores)
     results = [
         RerankResult(
             index=int(i),
@@ -325,6 +454,8 @@ def cohere_response(
             warnings=truncation_warnings(job, "documents"),
             fusion=fused.config.label if fused else None,
         ),
+        model=model if version == "1" else None,
+        usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens) if version == "1" else None,
     )
 
 

@@ -51,9 +51,15 @@ from acare_ray.online.api import (
     COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC,
     CohereRerankRequest,
     RerankResponse,
+    ScoreData,
+    ScoreRequest,
+    ScoreResponse,
+    ScoreUsage,
     TeiRank,
     TeiRerankRequest,
+    V1RerankRequest,
     cohere_response,
+    relevance,
     tei_response,
 )
 from acare_ray.online.fusion_fields import FirstStageFields, FusedScores, fuse_request
@@ -76,7 +82,9 @@ from acare_ray.request_errors import ClientError, bounded
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-RERANK_PATHS = frozenset({"/v1/rerank", "/v2/rerank", "/rerank", "/v1/search"})
+RERANK_PATHS = frozenset(
+    {"/v1/rerank", "/v2/rerank", "/rerank", "/v1/search", "/score", "/v1/score"}
+)
 # Where the Gate leaves the client's identity for the routes (admission's fair share).
 CLIENT_STATE = "acare_client"
 # Header values behind common ingresses must stay well below their 4-8 KB header limits.
@@ -412,6 +420,34 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
         """Cohere v2 rerank (`max_tokens_per_doc` defaults to 4096), plus the context fields."""
         return await cohere(body, request, response, "2")
 
+    async def score_vllm(body, request: Request, response: Response) -> ScoreResponse:
+        """vLLM's score API: one query against several texts, or pairs; scores in input order,
+        sigmoid(log-odds) unless `use_activation` is false. Plus the context fields, which
+        apply to every pair. A run of pairs with the same query is scored as one search."""
+        name = catalog.name_for(body.model, header_model(request.headers))
+        _, second, queries, texts = body.pairs()
+        groups: dict[str, list[int]] = {}
+        for i, query in enumerate(queries):
+            groups.setdefault(query, []).append(i)
+        searches = [
+            body.agent_search(query, [texts[i] for i in rows], documents_field=second)
+            for query, rows in groups.items()
+        ]
+        runs = await asyncio.gather(*(scoring.run_on(name, s, request, response) for s in searches))
+        scores = np.empty(len(texts), dtype=np.float64)
+        for rows, (_, _, group_scores, _) in zip(groups.values(), runs):
+            scores[rows] = group_scores
+        values = scores if body.use_activation is False else relevance(scores)
+        tokens = sum(run[3] for run in runs)
+        response.headers["x-acare-tokens"] = str(tokens)
+        return ScoreResponse(
+            id=f"score-{uuid.uuid4()}",
+            created=int(time.time()),
+            model=runs[0][0].name,
+            data=[ScoreData(index=i, score=float(v)) for i, v in enumerate(values)],
+            usage=ScoreUsage(prompt_tokens=tokens, total_tokens=tokens),
+        )
+
     async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
         """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
         tokens scored are in the `x-acare-tokens` and TEI's `x-compute-tokens` headers. As in
@@ -431,17 +467,21 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
 
     # The body models are built per app (max_documents), so the annotations are set here.
     cohere_body = _with_max_items(CohereRerankRequest, "documents", max_documents)
+    v1_body = _with_max_items(V1RerankRequest, "documents", max_documents)
     tei_body = _with_max_items(TeiRerankRequest, "texts", max_documents)
     for route, body_model in (
-        (rerank_v1, cohere_body),
+        (rerank_v1, v1_body),
         (rerank_v2, cohere_body),
         (rerank_tei, tei_body),
+        (score_vllm, ScoreRequest),
     ):
         route.__annotations__["body"] = body_model
     answers = {"response_model_exclude_none": True}
     api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)
     api.post("/v2/rerank", response_model=RerankResponse, **answers)(rerank_v2)
     api.post("/rerank", response_model=list[TeiRank], **answers)(rerank_tei)
+    api.post("/score", response_model=ScoreResponse)(score_vllm)
+    api.post("/v1/score", response_model=ScoreResponse)(score_vllm)
 
 
 def _model_dtype(service: RerankService) -> str:

@@ -393,6 +393,86 @@ def test_tei_rerank_answers_as_tei_does(http, scorer):
     assert "error" not in cohere.json()  # TEI's keys only on TEI routes
 
 
+def _score_response_shape(payload: dict, pairs: int) -> list[float]:
+    """vLLM's ScoreResponse fields (vllm/entrypoints/pooling/score/protocol.py)."""
+    assert payload["id"] and payload["object"] == "list" and isinstance(payload["created"], int)
+    assert payload["model"] and payload["usage"]["prompt_tokens"] > 0
+    assert payload["usage"]["total_tokens"] == payload["usage"]["prompt_tokens"]
+    assert [d["index"] for d in payload["data"]] == list(range(pairs))
+    assert {d["object"] for d in payload["data"]} == {"score"}
+    return [d["score"] for d in payload["data"]]
+
+
+@pytest.mark.parametrize("path", ["/score", "/v1/score"])
+def test_vllm_score_api_one_query_many_texts_pairs_and_activation(http, scorer, path):
+    """vLLM's own score tests re-expressed (tests/entrypoints/pooling/score/
+    test_online_score.py: text_1 str + text_2 list, list + list as pairs, str + str,
+    use_activation), with our scorer as the reference instead of Hugging Face's."""
+    q2 = "capital of Velmoria"
+    one = http.post(path, json={"model": "any", "text_1": QUERY, "text_2": DOCUMENTS[:2]})
+    assert one.status_code == 200, one.text
+    want = expected(scorer, AgentContext(QUERY), DOCUMENTS[:2])
+    np.testing.assert_allclose(_score_response_shape(one.json(), 2), expit(want), atol=1e-5)
+    pairs = http.post(path, json={"text_1": [QUERY, q2], "text_2": DOCUMENTS[:2]}).json()
+    want_pairs = [
+        expected(scorer, AgentContext(QUERY), DOCUMENTS[:1])[0],
+        expected(scorer, AgentContext(q2), DOCUMENTS[1:2])[0],
+    ]
+    np.testing.assert_allclose(_score_response_shape(pairs, 2), expit(want_pairs), atol=1e-5)
+    single = http.post(path, json={"queries": QUERY, "documents": DOCUMENTS[0]}).json()
+    np.testing.assert_allclose(_score_response_shape(single, 1), expit(want[:1]), atol=1e-5)
+    raw = http.post(path, json={"data_1": QUERY, "data_2": DOCUMENTS[:2], "use_activation": False})
+    np.testing.assert_allclose(_score_response_shape(raw.json(), 2), want, atol=1e-4)
+    on = http.post(path, json={"text_1": QUERY, "text_2": DOCUMENTS[:2], "use_activation": True})
+    assert [d["score"] for d in on.json()["data"]] == [d["score"] for d in one.json()["data"]]
+    context = {"original_question": QUESTION, "mode": "M2"}
+    with_context = http.post(path, json={"text_1": QUERY, "text_2": DOCUMENTS[:2], **context})
+    want_m2 = expected(scorer, AgentContext(QUERY, question=QUESTION), DOCUMENTS[:2], "M2")
+    np.testing.assert_allclose(
+        _score_response_shape(with_context.json(), 2), expit(want_m2), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"text_1": ["a", "b", "c"], "text_2": ["x", "y"]}, "text_1 has 3 items and text_2 2"),
+        ({"text_1": "a"}, "give one pair of fields"),
+        ({"text_1": "a", "documents": ["x"]}, "give one pair of fields"),
+        ({"text_1": "a", "text_2": []}, "text_2 is empty"),
+        ({"text_1": "a", "text_2": ["x", " "]}, "text_2[1] is empty"),
+        ({"text_1": "a", "text_2": "x", "truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
+    ],
+)
+def test_vllm_score_mistakes_get_a_422_that_says_what_to_do(http, body, field):
+    response = http.post("/v1/score", json=body)
+    assert response.status_code == 422
+    assert field in response.json()["message"]
+
+
+def test_v1_rerank_speaks_vllm_and_jina_too(http, scorer):
+    """vLLM's rerank tests re-expressed (tests/entrypoints/pooling/score/test_online_rerank.py:
+    top_n, use_activation) plus its response fields (top-level model and usage) and its
+    default top_n 0 = all; the cohere SDK v1 test above checks these leave Cohere working."""
+    body = {"model": "m", "query": QUERY, "documents": DOCUMENTS}
+    default = http.post("/v1/rerank", json=body | {"top_n": 0}).json()
+    assert len(default["results"]) == len(DOCUMENTS)
+    assert default["model"] and default["usage"]["prompt_tokens"] == tokens_scored(
+        scorer, AgentContext(QUERY), DOCUMENTS
+    )
+    assert default["usage"]["total_tokens"] == default["usage"]["prompt_tokens"]
+    top = http.post("/v1/rerank", json=body | {"top_n": 2}).json()
+    assert [r["index"] for r in top["results"]] == [r["index"] for r in default["results"][:2]]
+    raw = http.post("/v1/rerank", json=body | {"use_activation": False}).json()
+    want = expected(scorer, AgentContext(QUERY), DOCUMENTS)
+    got = {r["index"]: r["relevance_score"] for r in raw["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], want, atol=1e-4)
+    refused = http.post("/v1/rerank", json=body | {"truncate_prompt_tokens": 100})
+    assert refused.status_code == 422 and "max_tokens_per_doc" in refused.json()["message"]
+    v2 = http.post("/v2/rerank", json={"query": QUERY, "documents": DOCUMENTS}).json()
+    assert "usage" not in v2 and "model" not in v2  # Cohere v2's shape stays its own
+
+
 BAD_REQUESTS = [
     ("/v2/rerank", {"documents": ["a"]}, 422, "query"),
     ("/rerank", {"texts": ["a"]}, 422, "query"),
@@ -462,7 +542,7 @@ def test_refusing_truncation_gets_413_for_a_document_that_does_not_fit(http):
         b'{"query": "\\ud800", "documents": ["a"]}',
     ],
 )
-@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank", "/rerank"])
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank", "/rerank", "/v1/score"])
 def test_no_client_mistake_gets_a_5xx(http, path, content):
     response = http.post(path, content=content, headers={"content-type": "application/json"})
     assert 400 <= response.status_code < 500, (response.status_code, response.text)
