@@ -148,6 +148,7 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     from acare_ray.checkpoint_settings import read_fusion
     from acare_ray.client import AsyncAcareClient
     from acare_ray.online.http import Scored, client_of, create_api
+    from acare_ray.online.models import short_model_name
     from acare_ray.online.search_routes import SearchSettings, search_routes
     from acare_ray.online.service import RerankService
     from acare_ray.scoring import Scorer
@@ -155,7 +156,7 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
 
     fitted = read_fusion(model)
     scorer = Scorer.from_pretrained(model, device=device)
-    service = RerankService(scorer, model)
+    service = RerankService(scorer, short_model_name(model))
     settings = SearchSettings(index=str(index))
 
     async def score(job, client) -> Scored:

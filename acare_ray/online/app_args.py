@@ -12,6 +12,7 @@ from acare_ray.online.models import (
     NAME_PATTERN,
     ModelCatalog,
     ModelSource,
+    short_model_name,
 )
 from acare_ray.scoring import DEFAULT_MODEL
 
@@ -48,7 +49,11 @@ class AppArgs(BaseModel):
     revision: str | None = Field(
         None, description="Hub commit (or tag) of the model; None: the default branch."
     )
-    served_model_name: str | None = Field(None, description="Name reported by the API.")
+    served_model_name: str | None = Field(
+        None,
+        description="Name reported by the API; default: a Hub id as given, a checkpoint "
+        "folder by its own name (never a server path).",
+    )
     device: str | None = Field(None, description="cuda / cpu; default: cuda when available.")
     dtype: str | None = Field(None, description="Default: bfloat16 on CUDA, float32 on CPU.")
     backend: Literal["auto", "causal_lm", "cross_encoder"] = "auto"
@@ -141,7 +146,7 @@ class AppArgs(BaseModel):
         """The models this app serves; a single ``model`` is a catalog of one that ignores
         the request's model name, as it always did."""
         if self.models is None:
-            name = self.served_model_name or self.model
+            name = self.served_model_name or short_model_name(self.model)
             return ModelCatalog({name: ModelSource(self.model, self.revision)}, name, strict=False)
         sources = {n: ModelSource(c.model, c.revision) for n, c in self.models.items()}
         return ModelCatalog(sources, self.default_model or next(iter(sources)))

@@ -541,8 +541,11 @@ def _info_routes(
     async def replica_status() -> dict[str, Any]:
         """The served model, this replica, auth, batching settings and admission state (needs
         the key when one is configured)."""
-        model = router.catalog.default
-        return {"model": model, "auth": auth, **(status() if status else {})}
+        catalog = router.catalog
+        sources = {name: source.model for name, source in catalog.sources.items()}
+        return {"model": catalog.default, "sources": sources, "auth": auth} | (
+            status() if status else {}
+        )
 
     @api.get("/v1/models")
     async def list_models() -> dict[str, Any]:

