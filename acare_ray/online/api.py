@@ -409,12 +409,13 @@ def relevance(scores: np.ndarray) -> np.ndarray:
 
 
 def truncation_warnings(job: ScoringJob, field: str) -> list[str] | None:
-    """Say which documents were cut, so truncation is never silent."""
-    if not job.truncated:
-        return None
-    listed = ", ".join(f"{field}[{i}]" for i in job.truncated[:20])
-    more = f" and {len(job.truncated) - 20} more" if len(job.truncated) > 20 else ""
-    return [f"truncated to {job.limit} tokens: {listed}{more}"]
+    """Say which documents and which context fields were cut, so truncation is never silent."""
+    warnings = [f"{name} cut to its cap of {cap} tokens" for name, cap in job.cut_fields]
+    if job.truncated:
+        listed = ", ".join(f"{field}[{i}]" for i in job.truncated[:20])
+        more = f" and {len(job.truncated) - 20} more" if len(job.truncated) > 20 else ""
+        warnings.append(f"truncated to {job.limit} tokens: {listed}{more}")
+    return warnings or None
 
 
 def cohere_response(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import signal
 import sys
 import tempfile
@@ -87,6 +88,17 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+def start_ray(address: str | None) -> None:
+    """Connect to (or start) Ray as ``serve run`` would, before it does: its ``ray.init`` sets
+    a SIGTERM handler that exits at once, with no Serve shutdown, and ``serve run`` only starts
+    Ray when it is not running yet. So Ray starts here and :func:`stop_on_signals` comes
+    after it."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    ray.init(address=address, namespace="serve")
+
+
 def run(options: ServeConfig) -> int:
     from pydantic import ValidationError
 
@@ -106,9 +118,9 @@ def run(options: ServeConfig) -> int:
         path.write_text(text)
         http = config.get("http_options", {})
         print(f"acare serve: http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}")
-        address = ["--address", options.address] if options.address else []
+        start_ray(options.address)
         stop_on_signals()
-        serve_cli.main(args=["run", str(path), *address], prog_name="serve", standalone_mode=False)
+        serve_cli.main(args=["run", str(path)], prog_name="serve", standalone_mode=False)
     return 0
 
 

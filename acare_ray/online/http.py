@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.metadata
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -44,7 +45,6 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from acare_ray import __version__
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.admission import Overloaded
 from acare_ray.online.api import (
@@ -357,6 +357,8 @@ class _Scoring:
         response.headers["x-acare-mode"] = job.mode.value
         state = request.scope.setdefault("state", {})
         state[MODE_STATE], state[MODEL_STATE] = job.mode.value, served.name
+        if job.cut_fields:  # the query or its context cut to a cap: said, never silent
+            response.headers["x-acare-cut-fields"] = ",".join(n for n, _ in job.cut_fields)
         if job.truncated:
             listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
             more = len(job.truncated) - MAX_TRUNCATED_LISTED
@@ -484,6 +486,13 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
     api.post("/v1/score", response_model=ScoreResponse)(score_vllm)
 
 
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("acare_ray")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "0+unknown"
+
+
 def _model_dtype(service: RerankService) -> str:
     """The loaded weights' dtype name (``float32``, ``bfloat16``)."""
     model = getattr(service.scorer.backend, "hf_model", None)
@@ -532,7 +541,7 @@ def _info_routes(
             "max_client_batch_size": limits.max_documents,
             "auto_truncate": limits.auto_truncate,
             "tokenization_workers": 1,
-            "version": __version__,
+            "version": _package_version(),
             "sha": None,
             "docker_label": None,
         }

@@ -106,6 +106,8 @@ class ScoringJob:
     per-document token limit applied; ``truncated`` the indices of documents cut to it.
     ``bound`` is an upper bound of ``tokens`` computed before any tokenization
     (:meth:`RerankService.token_bound`): what admission and the per-request cap count.
+    ``cut_fields``: the request fields (``query``, ``original_question``, ``reasoning``) their
+    token caps cut, each with its cap, for the response to say so.
     """
 
     context: AgentContext
@@ -116,6 +118,7 @@ class ScoringJob:
     truncated: tuple[int, ...] = field(default=())
     context_tokens: int = 0
     bound: int = 0
+    cut_fields: tuple[tuple[str, int], ...] = field(default=())
 
 
 def _check_encodable(field: str, text: str | None) -> None:
@@ -233,6 +236,10 @@ class RerankService:
             truncated=tuple(i for i, (n, k) in enumerate(zip(fitted.original, kept)) if n > k),
             context_tokens=context_tokens,
             bound=bound,
+            cut_fields=tuple(
+                (_REQUEST_FIELD[name], cap)
+                for name, cap in self.layout.cut_fields(context, mode).items()
+            ),
         )
 
     def _context(self, search: Search) -> tuple[AgentContext, Mode]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from acare_ray.scoring.context import AgentContext, Mode
+from acare_ray.scoring.prompt import FIELD_CAPS, cap_fields
 from acare_ray.scoring.untrusted import needs_whole, precut
 
 if TYPE_CHECKING:
@@ -81,6 +82,26 @@ class TokenLayout:
         if not document_tokens:
             return 0
         return self._backend.request_cost(context_tokens, document_tokens)
+
+    def cut_fields(self, context: AgentContext, mode: Mode) -> dict[str, int]:
+        """The context fields ``mode`` reads that their token caps cut, each with its cap (the
+        core's names: ``sub_query``, ``question``, ``reasoning``), so a cut is never silent.
+        A field of at most its cap in bytes cannot be over it and is not tokenized."""
+        caps = self._backend.prompt.caps
+        context = context.for_mode(mode)
+        if all(
+            text is None or len(text.encode("utf-8")) <= getattr(caps, attribute)
+            for _, attribute, _ in FIELD_CAPS
+            for text in (getattr(context, attribute),)
+        ):
+            return {}
+        attributes = {name: attribute for name, attribute, _ in FIELD_CAPS}
+        fields = cap_fields(self.inert, context, caps)
+        return {
+            attributes[name]: getattr(caps, attributes[name])
+            for name, capped in fields.items()
+            if capped.ids is not None
+        }
 
     def count(self, documents: Sequence[str]) -> list[int]:
         """Exact token counts of documents that fit already (as :meth:`fit` returns them)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ from acare_ray.testing import free_port, running, wait_for_health
 pytestmark = pytest.mark.slow
 
 
-def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, tmp_path):
+def test_acare_serve_serves_the_cohere_client_and_stops_on_sigterm_with_exit_0(
+    tiny_qwen3_dir, tmp_path
+):
     port = free_port()
     command = [
         sys.executable,
@@ -41,6 +44,11 @@ def test_acare_serve_starts_the_app_and_the_cohere_client_works(tiny_qwen3_dir, 
         )
         assert sorted(r.index for r in response.results) == [0, 1]
         assert response.meta.mode == "M1"
+        # What a service manager or Kubernetes sends: Serve shuts down and the command exits 0
+        # (Ray's own driver handler used to exit at once, without Serve's shutdown).
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert "shutting down" in log.read_text()
 
 
 def test_the_default_config_is_found_from_any_directory(tmp_path):

@@ -123,6 +123,8 @@ def expected_cohere(service, path, body, request_id) -> tuple[bytes, dict[str, s
             "mode": mode,
         },
     }
+    if version == "1":  # issue 34: vLLM's and Jina's top-level fields on the v1 route
+        answer |= {"model": "tiny", "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
     headers = {"x-acare-mode": mode, "x-acare-tokens": str(tokens), "x-acare-batch-requests": "1"}
     return encoded(answer), headers
 

@@ -200,7 +200,8 @@ def test_health_says_only_up_or_down_and_status_needs_the_key(service):
     assert client.get("/v1/status").status_code == 401
     for key in ("k1", "k2"):
         status = client.get("/v1/status", headers={"authorization": f"Bearer {key}"}).json()
-        assert status == {"model": "tiny", "auth": True, "replica": "r"}
+        sources = {"tiny": service.scorer.source}  # paths only behind the key (issue 34)
+        assert status == {"model": "tiny", "sources": sources, "auth": True, "replica": "r"}
 
 
 def test_keys_are_stripped_and_a_missing_key_refuses_to_start(monkeypatch):

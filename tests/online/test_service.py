@@ -275,3 +275,25 @@ def test_a_refused_document_states_a_true_token_count(request, backend):
             assert "at least" not in message and count == true_count
         else:
             assert f"is at least {count} tokens" in message and room < count < true_count
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+def test_a_query_or_context_cut_to_its_cap_is_reported(request, backend):
+    """Issue 34: a query longer than its cap was cut without a word (documents got a warning).
+    The job names every field its cap cut; the response turns that into a warning."""
+    from acare_ray.online.api import truncation_warnings
+
+    service = request.getfixturevalue(backend)
+    caps = service.scorer.backend.prompt.caps
+    long_query = "capital population " * caps.sub_query
+    job = service.prepare(search(query=long_query, reasoning="short notes"))
+    assert job.cut_fields == (("query", caps.sub_query),)
+    assert f"query cut to its cap of {caps.sub_query} tokens" in truncation_warnings(
+        job, "documents"
+    )
+    both = service.prepare(search(query=long_query, reasoning="word " * (caps.reasoning + 5)))
+    assert dict(both.cut_fields) == {"query": caps.sub_query, "reasoning": caps.reasoning}
+    assert service.prepare(search()).cut_fields == ()
+    # a field of at most its cap in bytes is never tokenized for this; one just over it is
+    exact = "a" * caps.sub_query
+    assert service.prepare(search(query=exact)).cut_fields == ()
