@@ -428,6 +428,10 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
         apply to every pair. A run of pairs with the same query is scored as one search."""
         name = catalog.name_for(body.model, header_model(request.headers))
         _, second, queries, texts = body.pairs()
+        if len(texts) > max_documents:  # as on the rerank routes: bounded before any work
+            raise ClientError(
+                413, second, f"has {len(texts)} texts; at most {max_documents} per request"
+            )
         groups: dict[str, list[int]] = {}
         for i, query in enumerate(queries):
             groups.setdefault(query, []).append(i)

@@ -75,6 +75,21 @@ def test_max_documents_is_refused_while_validating(service):
     assert spec["CohereRerankRequest"]["properties"]["documents"]["maxItems"] == MAX_DOCUMENTS
 
 
+@pytest.mark.parametrize("first", ["q", ["q"] * (MAX_DOCUMENTS + 1)])
+def test_the_score_api_holds_max_documents_too(service, first):
+    """vLLM's score route takes one query against many texts or many pairs: both are bounded
+    by max_documents (413 naming the field) before anything is tokenized or scored."""
+    client = app(service)
+    body = {"text_1": first, "text_2": ["a"] * (MAX_DOCUMENTS + 1)}
+    before = service.scorer.stats.real_tokens
+    response = client.post("/v1/score", json=body)
+    assert response.status_code == 413
+    assert response.json()["message"].startswith("text_2: has")
+    assert service.scorer.stats.real_tokens == before
+    ok = client.post("/v1/score", json={"text_1": "q", "text_2": ["a"] * MAX_DOCUMENTS})
+    assert ok.status_code == 200 and len(ok.json()["data"]) == MAX_DOCUMENTS
+
+
 def test_a_body_that_never_arrives_gets_408(service):
     """Pins issue 21.3: there was no body-read deadline."""
     api = create_api(RerankService(service.scorer, "x", Limits(body_read_timeout_s=0.05)), None)
