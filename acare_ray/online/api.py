@@ -189,6 +189,16 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
         return doc.model_dump(exclude_none=True)
 
 
+def refuse_prompt_truncation(value: int | None, instead: str) -> None:
+    """vLLM's ``truncate_prompt_tokens`` cuts the whole prompt, which here holds the agent's
+    question and reasoning: refused, saying what to do ``instead``."""
+    if value is not None:
+        raise ValueError(
+            "truncate_prompt_tokens is not supported: it would cut the query and the agent's "
+            f"context; {instead}"
+        )
+
+
 class V1RerankRequest(CohereRerankRequest):
     """``/v1/rerank``: Cohere v1, and the shape vLLM's and Jina's rerank clients send there.
     ``top_n`` 0 means all (vLLM's and Jina's default); ``use_activation`` false returns the raw
@@ -207,11 +217,9 @@ class V1RerankRequest(CohereRerankRequest):
 
     @model_validator(mode="after")
     def _vllm_fields(self) -> V1RerankRequest:
-        if self.truncate_prompt_tokens is not None:
-            raise ValueError(
-                "truncate_prompt_tokens is not supported: it would cut the query and the "
-                "agent's context; cut documents with max_tokens_per_doc instead"
-            )
+        refuse_prompt_truncation(
+            self.truncate_prompt_tokens, "cut documents with max_tokens_per_doc instead"
+        )
         if self.top_n == 0:
             self.top_n = None
         return self
@@ -256,11 +264,9 @@ class ScoreRequest(AgentFields):
 
     @model_validator(mode="after")
     def _one_pair_of_fields(self) -> ScoreRequest:
-        if self.truncate_prompt_tokens is not None:
-            raise ValueError(
-                "truncate_prompt_tokens is not supported: it would cut the query and the "
-                "agent's context; documents that do not fit are cut to the room left"
-            )
+        refuse_prompt_truncation(
+            self.truncate_prompt_tokens, "documents that do not fit are cut to the room left"
+        )
         given = [p for p in SCORE_FIELDS if any(getattr(self, f) is not None for f in p)]
         if len(given) != 1 or any(getattr(self, f) is None for f in given[0]):
             raise ValueError(
