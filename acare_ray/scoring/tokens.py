@@ -89,19 +89,12 @@ class TokenLayout:
         A field of at most its cap in bytes cannot be over it and is not tokenized."""
         caps = self._backend.prompt.caps
         context = context.for_mode(mode)
-        if all(
-            text is None or len(text.encode("utf-8")) <= getattr(caps, attribute)
-            for _, attribute, _ in FIELD_CAPS
-            for text in (getattr(context, attribute),)
-        ):
+        sizes = {a: len((getattr(context, a) or "").encode("utf-8")) for _, a, _ in FIELD_CAPS}
+        if all(size <= getattr(caps, attribute) for attribute, size in sizes.items()):
             return {}
         attributes = {name: attribute for name, attribute, _ in FIELD_CAPS}
-        fields = cap_fields(self.inert, context, caps)
-        return {
-            attributes[name]: getattr(caps, attributes[name])
-            for name, capped in fields.items()
-            if capped.ids is not None
-        }
+        cut = [n for n, f in cap_fields(self.inert, context, caps).items() if f.ids is not None]
+        return {attributes[name]: getattr(caps, attributes[name]) for name in cut}
 
     def count(self, documents: Sequence[str]) -> list[int]:
         """Exact token counts of documents that fit already (as :meth:`fit` returns them)."""
