@@ -58,11 +58,13 @@ MEASURES = ("nDCG@10", "Recall@10", "RR@10")
 
 
 def _by_questions(table: pa.Table, column: str, fraction: float, seed: int):
-    """(rest, held): a seeded ``fraction`` of the values of ``column`` held out."""
-    values = sorted(set(table.column(column).to_pylist()))
-    count = max(1, round(fraction * len(values)))
-    held = set(np.random.default_rng([seed, 11]).permutation(values)[:count].tolist())
-    mask = pa.array([v in held for v in table.column(column).to_pylist()])
+    """(rest, held): a seeded ``fraction`` of the values of ``column`` held out (the project's
+    one split, :func:`acare_ray.splits.split_values`)."""
+    from acare_ray.splits import split_values
+
+    values = table.column(column).to_pylist()
+    parts = split_values(values, validation=fraction, seed=seed)
+    mask = pa.array([parts[v] == "validation" for v in values])
     return table.filter(pa.compute.invert(mask)), table.filter(mask)
 
 

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
+from acare_ray.fusion_fit import SafetyRule
 from acare_ray.offline.evaluate import TESTS, EvalConfig
-from acare_ray.offline.fit_fusion import FitFusionConfig
+from acare_ray.offline.fit_fusion import RULES, FitFusionConfig
 from acare_ray.offline.job import ActorPool, ScorerSettings
 from acare_ray.offline.lock import OutputLocked
 from acare_ray.offline.relabel import RelabelConfig
@@ -142,12 +143,19 @@ def eval_command(args: argparse.Namespace) -> int:
 def fit_fusion_command(args: argparse.Namespace) -> int:
     from acare_ray.offline.fit_fusion import run
 
-    config = _config(FitFusionConfig, args)
+    safety = SafetyRule(folds=args.folds, confidence=args.confidence, seed=args.fold_seed)
+    config = replace(_config(FitFusionConfig, args), safety=safety)
     result = run(config)
-    best = next(r for r in result["grid"] if r["fusion"] == result["label"])
-    print(f"fitted fusion: {result['label']} ({config.measure} {best[config.measure]:.4f})")
+    fitted = result["fitted"]
+    if config.rule == "safe":
+        print(f"decision: {fitted['decision']} (stored {result['label']}): {fitted['reason']}")
+    else:
+        print(f"fitted fusion: {result['label']} ({config.measure} {fitted['value']:.4f})")
     for row in result["grid"]:
-        print(f"  {row['fusion']:<24} {row[config.measure]:.4f}")
+        line = f"  {row['fusion']:<24} {row[config.measure]:.4f}"
+        if "gain" in row:
+            line += f"  gain {row['gain']:+.4f} [{row['gain_low']:+.4f}, {row['gain_high']:+.4f}]"
+        print(line)
     if "stored_in" in result:
         print(f"stored in {result['stored_in']}")
     return 0
@@ -241,6 +249,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     fitting.add_argument("--k", type=float, default=FitFusionConfig.k, help="rrf k")
     fitting.add_argument("--measure", default=FitFusionConfig.measure, help="the objective")
+    fitting.add_argument(
+        "--rule",
+        default=FitFusionConfig.rule,
+        choices=RULES,
+        help="safe: cross-validated, stores the first-stage order unless fusion is a sure gain "
+        "(default); best: the grid's best point whatever its margin (experiments only)",
+    )
+    fitting.add_argument(
+        "--folds", type=int, default=SafetyRule.folds, help="question-grouped folds (safe rule)"
+    )
+    fitting.add_argument(
+        "--confidence",
+        type=float,
+        default=SafetyRule.confidence,
+        help="one-sided confidence of the gain's lower bound that must be >= 0 (safe rule)",
+    )
+    fitting.add_argument(
+        "--fold-seed", type=int, default=SafetyRule.seed, help="folds and bootstrap seed"
+    )
     fitting.add_argument(
         "--no-write",
         dest="write",

@@ -153,6 +153,18 @@ def load_qrels(path: str) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def load_questions(path: str) -> dict[str, str]:
+    """``{search_id: question key}`` (:func:`acare_ray.splits.question_keys`), reading only the
+    key columns of the input."""
+    from acare_ray.splits import KEY_COLUMNS, question_keys
+
+    fs, inner, _ = storage_paths(path)
+    dataset = pads.dataset(inner, filesystem=fs, format="parquet")
+    columns = [c for c in KEY_COLUMNS if c in dataset.schema.names]
+    table = dataset.to_table(columns=columns)
+    return dict(zip(texts(table.column("search_id")), question_keys(table), strict=True))
+
+
 FirstStage = dict[str, tuple[list[str], list, list, list]]
 
 

@@ -2,13 +2,20 @@
 
 One Ray Data scoring pass over the labelled training searches in one mode (resumable, into
 ``<work_dir>/rerank``), then a grid over the fusion weight (``rrf``: ``weight`` at ``k``;
-``linear``: ``alpha``; 0.0, 0.1, ..., 1.0, :func:`acare_ray.fusion.grid`) scored by mean
-nDCG@10 (the ``measure``) over the searches with a relevant candidate; the best setting (the
-first on a tie) is written to the checkpoint's ``acare.json`` (``fusion``, with how it was fitted)
-so that ``acare rerank``, ``acare eval`` and ``acare serve`` use it by default for that
-checkpoint. Weight 1.0 is the reranker alone and 0.0 the first stage alone, so the grid also
-says whether reranking helps this first stage at all. ``<work_dir>/fit.json`` has every grid
-point.
+``linear``: ``alpha``; 0.0, 0.1, ..., 1.0, :func:`acare_ray.fusion.grid`) scored by nDCG@10
+(the ``measure``) over the searches with a relevant candidate.
+
+``rule="safe"`` (the default, :mod:`acare_ray.fusion_fit`): the setting is chosen with a prior
+towards the first stage (smallest reranker weight within one standard error of the best gain),
+cross-validated over question-grouped folds, and stored only when the cross-validated gain over
+the first stage has a lower bound >= 0; otherwise the checkpoint stores the first-stage order
+(pass-through, ``rrf`` with weight 0), which ``acare rerank``, ``acare eval`` and ``acare
+serve`` then use by default. ``rule="best"``: the grid's best mean (the first on a tie),
+whatever its margin (for experiments; never the default).
+
+The stored ``fusion`` entry of the checkpoint's ``acare.json`` says how it was fitted
+(``fitted``: decision, reason, cross-validated gain). ``<work_dir>/fit.json`` has every grid
+point with its gain over the first stage.
 """
 
 from __future__ import annotations
@@ -20,18 +27,23 @@ from typing import Any
 
 from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.fusion import DEFAULT_RRF_K, fit, grid
+from acare_ray.fusion_fit import SafetyRule, fit_safely
 from acare_ray.metrics import parse_measure
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_runs
+from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_questions, load_runs
 from acare_ray.offline.job import ActorPool, Job, ScorerSettings, ray_session, run_job
 from acare_ray.scoring import Mode, parse_mode
+
+RULES = ("safe", "best")
 
 
 @dataclass(frozen=True)
 class FitFusionConfig:
     """``input``: labelled training searches (never the test split); ``model``: the checkpoint
     folder the fitted setting is written into (unless ``write`` is False); ``work_dir``: the
-    scoring output and ``fit.json``. ``methods``: ``rrf`` and/or ``linear``."""
+    scoring output and ``fit.json``. ``methods``: ``rrf`` and/or ``linear``. ``rule``: ``safe``
+    (cross-validated, pass-through unless a sure gain; ``safety`` sets folds and confidence) or
+    ``best`` (the grid's best point)."""
 
     input: str
     model: str
@@ -41,6 +53,8 @@ class FitFusionConfig:
     k: float = DEFAULT_RRF_K
     measure: str = "nDCG@10"
     write: bool = True
+    rule: str = "safe"
+    safety: SafetyRule = field(default_factory=SafetyRule)
     pool: ActorPool = field(default_factory=ActorPool)
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
@@ -50,6 +64,8 @@ class FitFusionConfig:
             raise ValueError(f"mode must be one of M0..M3, got {self.mode!r}")
         object.__setattr__(self, "mode", parse_mode(self.mode).value)
         grid(self.methods, self.k)
+        if self.rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {self.rule!r}")
         kind, k = parse_measure(self.measure)
         object.__setattr__(self, "measure", f"{kind}@{k}")
         if self.write and not Path(self.model).is_dir():
@@ -79,16 +95,28 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
     for qid, by_doc in scores[config.mode].items():
         doc_ids, fs_scores, fs_ranks, _ = first[qid]
         searches[qid] = (doc_ids, [by_doc[d] for d in doc_ids], fs_scores, fs_ranks)
-    best, table = fit(searches, qrels, grid(config.methods, config.k), config.measure)
-    value = max(row[config.measure] for row in table)
     fitted = {
         "objective": config.measure,
-        "value": value,
         "mode": config.mode,
         "input": config.input,
-        "searches": sum(any(r > 0 for r in qrels.get(q, {}).values()) for q in searches),
+        "rule": config.rule,
         "errored_rows": errored.get(config.mode, 0),
     }
+    configs = grid(config.methods, config.k)
+    if config.rule == "best":
+        best, table = fit(searches, qrels, configs, config.measure)
+        fitted["value"] = max(row[config.measure] for row in table)
+        fitted["searches"] = sum(any(r > 0 for r in qrels.get(q, {}).values()) for q in searches)
+    else:
+        safe = fit_safely(
+            searches, qrels, configs, load_questions(config.input), config.measure, config.safety
+        )
+        best, table = safe.stored, safe.grid
+        fitted.update(safe.fitted(), safety=config.safety.as_dict())
+        chosen_row = next(r for r in table if r["fusion"] == safe.chosen.label)
+        fitted["value"] = (
+            chosen_row[config.measure] if safe.decision == "fused" else safe.first_stage
+        )
     result = {"fusion": best.as_dict(), "label": best.label, "fitted": fitted, "grid": table}
     if config.write:
         result["stored_in"] = str(write_fusion(config.model, best, fitted))

@@ -23,6 +23,7 @@ RESUME_KEYS = (
     "data_weights",
     "val_data",
     "val_fraction",
+    "split_seed",
     "model",
     "revision",
     "group_size",
@@ -47,8 +48,10 @@ class TrainConfig:
     the weight and takes that source's next group (each source is visited in seeded
     permutations, reshuffled on every pass), so a small source is repeated and a large one
     subsampled; without weights the sources are concatenated and visited uniformly. Validation
-    groups come from ``val_data`` or, without it, from a ``val_fraction`` of the sessions of each
-    source (split by ``session_id``, so one question never sits on both sides);
+    groups come from ``val_data`` or, without it, from a ``val_fraction`` of the questions of each
+    source (the project's one split, :mod:`acare_ray.splits`: by question text, else session, so
+    one question never sits on both sides; the draw is seeded by ``split_seed``, not by the
+    training ``seed``, so every training seed validates on the same questions);
     ``val_max_groups`` bounds the validation cost.
 
     Output: checkpoints go to ``<output>/<name>/checkpoint_*`` (Ray Train storage); each is a
@@ -63,6 +66,7 @@ class TrainConfig:
     name: str = "acare-train"
     val_data: str | None = None
     val_fraction: float = 0.1
+    split_seed: int = 0
     val_max_groups: int | None = 1000
     eval_modes: tuple[str, ...] = ("M0", "M1", "M2", "M3")
     eval_at_start: bool = True

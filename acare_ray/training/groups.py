@@ -5,7 +5,6 @@ session split and each epoch's order. Tokens are :mod:`acare_ray.training.collat
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from acare_ray.schema import TRAINING_GROUPS, Group, RowError, parse_group
+from acare_ray.splits import split_values
 
 NEMO_SUFFIXES = (".jsonl", ".json")
 
@@ -78,19 +78,25 @@ def parse_groups(table: pa.Table, group_size: int) -> list[Group]:
     return groups
 
 
-def split_by_session(
+def question_key(group: Group) -> str:
+    """The question a group belongs to (:mod:`acare_ray.splits`): its question text, else its
+    session (groups carry no ``question_id``)."""
+    return group.context.question or group.session_id
+
+
+def split_by_question(
     groups: Sequence[Group], val_fraction: float, seed: int = 0
 ) -> tuple[list[Group], list[Group]]:
-    """(train, validation): a seeded ``val_fraction`` of the sessions, never split across sides."""
+    """(train, validation): a seeded ``val_fraction`` of the questions (the project's one split,
+    :func:`acare_ray.splits.split_values`), so all sessions of a question sit on one side."""
     if val_fraction == 0:
         return list(groups), []
-    sessions = sorted({g.session_id for g in groups})
-    if len(sessions) < 2:
-        raise ValueError(f"cannot split {len(sessions)} session(s) into train and validation")
-    count = min(len(sessions) - 1, max(1, math.ceil(val_fraction * len(sessions))))
-    held = set(np.random.default_rng([seed, 1]).permutation(sessions)[:count].tolist())
-    return [g for g in groups if g.session_id not in held], [
-        g for g in groups if g.session_id in held
+    questions = {question_key(g) for g in groups}
+    if len(questions) < 2:
+        raise ValueError(f"cannot split {len(questions)} question(s) into train and validation")
+    parts = split_values(questions, validation=val_fraction, seed=seed)
+    return [g for g in groups if parts[question_key(g)] == "train"], [
+        g for g in groups if parts[question_key(g)] == "validation"
     ]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from acare_ray.schema import Group
 from acare_ray.training.config import TrainConfig
-from acare_ray.training.groups import epoch_order, parse_groups, read_groups, split_by_session
+from acare_ray.training.groups import epoch_order, parse_groups, read_groups, split_by_question
 
 
 def load_splits(config: TrainConfig) -> tuple[list[Group], list[Group], tuple[int, ...]]:
@@ -30,7 +30,7 @@ def load_splits(config: TrainConfig) -> tuple[list[Group], list[Group], tuple[in
         if config.val_data:
             part_train, part_val = groups, []
         else:
-            part_train, part_val = split_by_session(groups, config.val_fraction, config.seed)
+            part_train, part_val = split_by_question(groups, config.val_fraction, config.split_seed)
         train += part_train
         val += part_val
         sizes.append(len(part_train))

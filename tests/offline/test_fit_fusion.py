@@ -12,6 +12,7 @@ from acare_ray.cli import main
 from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES, synthetic_searches
 from acare_ray.fusion import FusionConfig
+from acare_ray.fusion_fit import PASS_THROUGH
 from acare_ray.metrics import evaluate
 from acare_ray.offline.evaluate import (
     EvalConfig,
@@ -29,7 +30,8 @@ def test_fit_fusion_stores_the_best_grid_point_and_every_surface_defaults_to_it(
     ray_local, tiny_qwen3_copy, tmp_path, capsys
 ):
     """Issue 20: the fitted setting stored with a checkpoint is the default of rerank and eval
-    (serve reads it through the same read_fusion)."""
+    (serve reads it through the same read_fusion). ``--rule best``: the grid's best point; the
+    default safe rule on the same 6 searches stores the first-stage order (issue 32)."""
     path = tmp_path / "train.parquet"
     rows = synthetic_searches(6, seed=5).to_pylist()
     write_parquet(pa.Table.from_pylist(rows, schema=SYNTHETIC_SEARCHES), path)
@@ -38,7 +40,7 @@ def test_fit_fusion_stores_the_best_grid_point_and_every_surface_defaults_to_it(
     (tiny_qwen3_copy / "acare.json").write_text(json.dumps(before))
     argv = ["fit-fusion", "--input", str(path), "--model", str(tiny_qwen3_copy)]
     argv += ["--work-dir", str(work), "--mode", "M3", "--actors", "1", "--batch-size", "4"]
-    assert main(argv) == 0
+    assert main([*argv, "--rule", "best"]) == 0
     result = json.loads((work / "fit.json").read_text())
     assert len(result["grid"]) == 22
     values = [row["nDCG@10"] for row in result["grid"]]
@@ -66,3 +68,11 @@ def test_fit_fusion_stores_the_best_grid_point_and_every_surface_defaults_to_it(
     assert RerankConfig(**{**rerank.__dict__, "fusion": "rrf"}).resolved_fusion() == FusionConfig(
         "rrf"
     )
+    # the safe rule (the default) on 6 questions cannot cross-validate: it stores the
+    # first-stage order, says why, and the surfaces default to it (scoring is reused)
+    assert main(argv) == 0
+    safe = json.loads((work / "fit.json").read_text())
+    assert safe["fitted"]["decision"] == "pass-through" and safe["fitted"]["rule"] == "safe"
+    assert read_fusion(tiny_qwen3_copy) == PASS_THROUGH == rerank.resolved_fusion()
+    assert all({"gain", "gain_low", "gain_high"} <= set(row) for row in safe["grid"])
+    assert "decision: pass-through (stored rrf:k=60,weight=0)" in capsys.readouterr().out

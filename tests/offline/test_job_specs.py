@@ -176,8 +176,11 @@ def test_every_flag_reaches_its_config_field(monkeypatch, tmp_path):
     _, fitting = _built_config(
         monkeypatch,
         ["fit-fusion", "--input", "in", "--model", str(tmp_path), "--work-dir", "w"]
-        + ["--mode", "M2", "--methods", "rrf", "--k", "30", "--measure", "RR@10", "--no-write"],
+        + ["--mode", "M2", "--methods", "rrf", "--k", "30", "--measure", "RR@10", "--no-write"]
+        + ["--rule", "best", "--folds", "4", "--confidence", "0.9", "--fold-seed", "2"],
     )
+    assert fitting.rule == "best"
+    assert (fitting.safety.folds, fitting.safety.confidence, fitting.safety.seed) == (4, 0.9, 2)
     assert (fitting.mode, fitting.methods, fitting.k, fitting.write) == (
         "M2",
         ("rrf",),

@@ -16,7 +16,13 @@ from acare_ray.schema import TRAINING_GROUPS, Candidate, Group, RowError
 from acare_ray.scoring import AgentContext, FieldDropout, Mode
 from acare_ray.scoring.cross_encoder import PairScorer
 from acare_ray.training.collator import GroupCollator
-from acare_ray.training.groups import epoch_order, parse_groups, read_groups, split_by_session
+from acare_ray.training.groups import (
+    epoch_order,
+    parse_groups,
+    question_key,
+    read_groups,
+    split_by_question,
+)
 
 
 def _groups(n: int) -> list[Group]:
@@ -110,14 +116,26 @@ def test_repeated_group_id_is_an_error():
         parse_groups(doubled, group_size=8)
 
 
-def test_split_by_session_keeps_sessions_whole_and_repeats():
+def test_split_by_question_keeps_questions_whole_and_repeats():
     groups = parse_groups(synthetic_groups(30, seed=0), 8)
-    train, val = split_by_session(groups, 0.2, seed=7)
+    train, val = split_by_question(groups, 0.2, seed=7)
     assert len(train) + len(val) == len(groups)
-    assert not {g.session_id for g in train} & {g.session_id for g in val}
-    assert len({g.session_id for g in val}) == 6
-    again = split_by_session(groups, 0.2, seed=7)
+    assert not {question_key(g) for g in train} & {question_key(g) for g in val}
+    assert len({question_key(g) for g in val}) == round(
+        0.2 * len({question_key(g) for g in groups})
+    )
+    again = split_by_question(groups, 0.2, seed=7)
     assert [g.group_id for g in again[1]] == [g.group_id for g in val]
+
+
+def test_two_sessions_of_one_question_sit_on_one_side():
+    from dataclasses import replace
+
+    groups = parse_groups(synthetic_groups(30, seed=0), 8)
+    # a second agent's session on each question: new session ids, same question texts
+    twins = [replace(g, group_id=g.group_id + "-b", session_id=g.session_id + "-b") for g in groups]
+    train, val = split_by_question(groups + twins, 0.2, seed=7)
+    assert not {g.context.question for g in train} & {g.context.question for g in val}
 
 
 def test_epoch_order_is_a_permutation_fixed_by_seed_and_epoch():
