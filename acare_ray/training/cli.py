@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--revision", default=d["revision"], help="Hub commit (or tag) of --model; default: main")
     add("--output", default=d["output"], help="Ray Train storage path (checkpoints go below)")
     add("--name", default=d["name"], help="run name; the same name resumes")
-    add("--val-data", default=None, help="validation groups (default: split --data by session)")
+    add("--val-data", default=None, help="validation groups (default: split --data by question)")
     add("--val-fraction", type=float, default=d["val_fraction"])
     add("--val-max-groups", type=int, default=d["val_max_groups"])
     add("--eval-modes", default=",".join(d["eval_modes"]), help="comma-separated, e.g. M0,M2,M3")
@@ -83,6 +83,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="bf16 autocast for CPU training (weights stay float32; GPUs always use it)",
     )
+    add(
+        "--select-metric",
+        default=d["select_metric"],
+        help="val/nDCG@10/<mode> or val/loss/<mode>: the result is the best checkpoint by it",
+    )
+    add(
+        "--patience",
+        type=int,
+        default=d["patience"],
+        help="stop after this many validations without improvement (needs --select-metric)",
+    )
+    add("--min-delta", type=float, default=d["min_delta"], help="the smallest improvement")
+    add(
+        "--time-budget-s",
+        type=float,
+        default=d["time_budget_s"],
+        help="stop (validate and save) after this much training time, summed over resumes",
+    )
     add("--ray-address", default=d["ray_address"], help="default: local Ray or RAY_ADDRESS")
     parser.set_defaults(func=main)
 
@@ -103,6 +121,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(args: argparse.Namespace) -> int:
     from acare_ray.training.trainer import run
 
-    path = run(config_from_args(args))
-    print(f"final checkpoint: {path}")
+    config = config_from_args(args)
+    path = run(config)
+    kind = "best checkpoint" if config.select_metric else "final checkpoint"
+    print(f"{kind}: {path}")
     return 0

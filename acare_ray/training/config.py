@@ -15,6 +15,7 @@ from typing import Any
 
 from acare_ray.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
 from acare_ray.scoring import DEFAULT_MODEL, Mode
+from acare_ray.training.stopping import check_metric
 
 STRATEGIES = ("ddp", "fsdp")
 # Settings that fix which groups each step sees; a relaunch that changes one cannot resume.
@@ -56,6 +57,15 @@ class TrainConfig:
 
     Output: checkpoints go to ``<output>/<name>/checkpoint_*`` (Ray Train storage); each is a
     Hugging Face model folder that ``Scorer.from_pretrained`` loads.
+
+    Selection and stopping (:mod:`acare_ray.training.stopping`): with ``select_metric``
+    (``val/nDCG@10/<mode>`` or ``val/loss/<mode>``) the run's result is its best validated
+    checkpoint, not its last (Ray Train keeps the ``keep_checkpoints`` best by that metric and
+    the latest), and the untrained model is saved at step 0 as a candidate. ``patience``: stop
+    once that many validations in a row have not beaten the best by more than ``min_delta``.
+    ``time_budget_s``: stop (validate and save) after that much training time, summed over
+    resumes. Steps (``max_steps`` or ``epochs``) stay the upper bound and fix the learning-rate
+    schedule; the curve decides when to stop before it.
     """
 
     data: str | tuple[str, ...]
@@ -94,6 +104,10 @@ class TrainConfig:
     backend: str = "auto"
     max_length: int | None = None
     cpu_bf16: bool = False
+    select_metric: str | None = None
+    patience: int | None = None
+    min_delta: float = 0.0
+    time_budget_s: float | None = None
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
@@ -141,6 +155,19 @@ class TrainConfig:
         for mode in self.eval_modes:
             if mode not in Mode.__members__:
                 raise ValueError(f"eval_modes: {mode!r} is not one of {list(Mode.__members__)}")
+        if self.select_metric is not None:
+            check_metric(self.select_metric, self.eval_modes)
+        if self.patience is not None:
+            if isinstance(self.patience, bool) or not isinstance(self.patience, int):
+                raise ValueError(f"patience must be an integer >= 1, got {self.patience!r}")
+            if self.patience < 1:
+                raise ValueError(f"patience must be >= 1, got {self.patience}")
+            if self.select_metric is None:
+                raise ValueError("patience needs select_metric (the curve early stopping reads)")
+        if not 0 <= self.min_delta < float("inf"):
+            raise ValueError(f"min_delta must be >= 0, got {self.min_delta}")
+        if self.time_budget_s is not None and not 0 < self.time_budget_s < float("inf"):
+            raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
         if not self.name or "/" in self.name:
             raise ValueError(f"name must be a non-empty folder name, got {self.name!r}")
 

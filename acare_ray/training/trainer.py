@@ -47,9 +47,12 @@ from acare_ray.training.loop import (
     warmup_steps,
 )
 from acare_ray.training.plan import load_splits, step_groups, steps_per_epoch, total_steps
+from acare_ray.training.stopping import selection
 from acare_ray.training.validation import validate
 
 log = logging.getLogger("acare_ray.training")
+
+SELECTION_SCORE = "selection/best_step"
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -99,6 +102,7 @@ class WorkerRun:
         self.per_epoch = steps_per_epoch(self.sizes, config)
         self.total = total_steps(self.sizes, config)
         self.start_step, self.history, self.resumes, trainer_state = 0, [], [], None
+        self.stopped: dict[str, Any] | None = None
         self.optimizer_restarts: list[int] = []
         restored = ray.train.get_checkpoint()
         if restored is not None:
@@ -110,6 +114,7 @@ class WorkerRun:
                     directory, device=self.device, dtype=torch.float32, backend=config.backend
                 )
             self.start_step, self.history = info["step"], info["history"]
+            self.stopped = info.get("stopped")
             self.resumes = [*info.get("resumes", []), self.start_step]
             self.optimizer_restarts = list(info.get("optimizer_restarts", []))
             if trainer_state is None:
@@ -172,13 +177,20 @@ class WorkerRun:
 
         config = self.config
         if self.start_step == 0 and config.eval_at_start:
-            metrics = {"step": 0, **self.validation()}
+            metrics = {"step": 0, "elapsed_s": 0.0, **self.validation()}
             self.history.append(metrics)
-            ray.train.report(metrics)
+            if config.select_metric is not None:
+                self.require_metric(metrics)
+                self.save_and_report(metrics)  # the untrained model is a candidate too
+            else:
+                ray.train.report(metrics)
             if self.rank == 0:
                 log.info("step 0: %s", metrics)
+        if self.should_stop():
+            return self.history
 
         losses, started = [], time.perf_counter()
+        elapsed_before = float(self.history[-1].get("elapsed_s", 0.0)) if self.history else 0.0
         for step in range(self.start_step, self.total):
             epoch = step // self.per_epoch
             torch.manual_seed(_step_seed(config.seed, step, self.rank))
@@ -210,19 +222,64 @@ class WorkerRun:
                     stats.grad_norm,
                     (time.perf_counter() - started) / (done - self.start_step),
                 )
-            if done % config.checkpoint_every == 0 or done == self.total:
+            elapsed = elapsed_before + time.perf_counter() - started
+            out_of_time = config.time_budget_s is not None and _any_rank(
+                elapsed >= config.time_budget_s, self.world, self.device
+            )
+            if done % config.checkpoint_every == 0 or done == self.total or out_of_time:
                 metrics = {
                     "step": done,
                     "epoch": epoch,
                     "loss": _mean_over_ranks(float(np.mean(losses)), self.world, self.device),
                     "lr": stats.lr,
+                    "elapsed_s": elapsed,
                     **self.validation(),
                 }
                 losses = []
                 self.history.append(metrics)
+                if out_of_time:
+                    self.stopped = {"reason": "time budget", "step": done}
+                stop = self.should_stop()  # decided before the save, which records it
                 self.save_and_report(metrics)
+                if stop:
+                    break
         self.module.eval()
         return self.history
+
+    def require_metric(self, metrics: dict[str, Any]) -> None:
+        """ValueError when the validation does not measure ``select_metric`` (no validation
+        groups, or none with the fields its mode needs)."""
+        if self.config.select_metric not in metrics:
+            raise ValueError(
+                f"select_metric {self.config.select_metric!r} was not measured: the validation "
+                f"gave {sorted(k for k in metrics if k.startswith('val/'))} (give validation "
+                "groups whose context has the fields of that mode)"
+            )
+
+    def should_stop(self) -> bool:
+        """True once the run is over before its last step: out of time or stopped in an earlier
+        launch (``stopped`` already set), or early stopping on the selected metric by the
+        history so far (which then sets ``stopped``)."""
+        if self.stopped is not None:
+            return True
+        config = self.config
+        if config.select_metric is None or config.patience is None:
+            return False
+        chosen = selection(self.history, config.select_metric, config.patience, config.min_delta)
+        if chosen is None or not chosen.stop:
+            return False
+        self.stopped = {"reason": "early stopping", "step": self.history[-1]["step"]}
+        if self.rank == 0:
+            log.info(
+                "early stopping at step %d: %s best %.4f at step %d, %d validations without "
+                "improvement",
+                self.history[-1]["step"],
+                config.select_metric,
+                chosen.best_value,
+                chosen.best_step,
+                chosen.stale,
+            )
+        return True
 
     def save_and_report(self, metrics: dict[str, Any]) -> None:
         """Rank 0 writes a checkpoint of the current weights; every rank reports ``metrics``."""
@@ -235,15 +292,29 @@ class WorkerRun:
         name = f"checkpoint_{step:07d}"
         staged = ckpt.staging_root(self.config.output, self.config.name) / f"rank{self.rank}-{name}"
         checkpoint = None
+        config = self.config
+        chosen = None
+        if config.select_metric is not None:
+            chosen = selection(
+                self.history, config.select_metric, config.patience, config.min_delta
+            )
+            # Ray Train keeps the checkpoints with the highest score: a checkpoint's score is its
+            # step when it is the best at its report, else -1, so the kept one is the current
+            # best under this rule (min_delta and ties included), whatever the raw metric says.
+            best_here = chosen is not None and chosen.best_step == step
+            metrics = {**metrics, SELECTION_SCORE: step if best_here else -1}
         try:
             if self.rank == 0:
                 info = {
                     "step": step,
-                    "config": self.config.to_dict(),
+                    "config": config.to_dict(),
                     "history": self.history,
                     "resumes": self.resumes,
                     "optimizer_restarts": self.optimizer_restarts,
+                    "stopped": self.stopped,
                 }
+                if chosen is not None:
+                    info["selection"] = {"metric": config.select_metric, **chosen.as_dict()}
                 state = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}
                 ckpt.write_checkpoint(
                     staged, self.scorer, info=info, trainer_state=state, model_state=model_state
@@ -270,6 +341,17 @@ def _mean_over_ranks(value: float, world_size: int, device: torch.device) -> flo
     total = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(total)
     return float(total) / world_size
+
+
+def _any_rank(flag: bool, world_size: int, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any (a decision all workers take together)."""
+    if world_size == 1:
+        return flag
+    import torch.distributed as dist
+
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
 
 
 def _log_to_stderr() -> None:
@@ -321,7 +403,24 @@ def run(config: TrainConfig) -> Path:
     result = build_trainer(config).fit()
     if result.checkpoint is None:
         raise RuntimeError(f"run {config.name!r} finished without a checkpoint")
-    return Path(result.checkpoint.path)
+    return selected_checkpoint(config, Path(result.checkpoint.path))
+
+
+def selected_checkpoint(config: TrainConfig, latest: Path) -> Path:
+    """The run's result: with ``select_metric`` its best validated checkpoint (as the latest
+    checkpoint's ``training.json`` names it), else ``latest``."""
+    if config.select_metric is None:
+        return latest
+    chosen = ckpt.read_training_info(latest).get("selection")
+    if not chosen:
+        return latest
+    best = latest.parent / f"checkpoint_{chosen['best_step']:07d}"
+    if not best.is_dir():
+        raise RuntimeError(
+            f"run {config.name!r}: the best checkpoint {best.name} ({chosen['metric']} "
+            f"{chosen['best_value']:.4f}) is gone; keep_checkpoints keeps the best by that metric"
+        )
+    return best
 
 
 def refuse_other_settings(config: TrainConfig, saved: dict[str, Any]) -> None:
@@ -348,8 +447,11 @@ def finished_checkpoint(config: TrainConfig) -> Path | None:
     if checkpoint is None:
         return None
     path = Path(checkpoint.path)
+    info = ckpt.read_training_info(path)
+    if info.get("stopped"):
+        return selected_checkpoint(config, path)
     _, _, sizes = load_splits(config)
-    return path if ckpt.read_training_info(path)["step"] >= total_steps(sizes, config) else None
+    return selected_checkpoint(config, path) if info["step"] >= total_steps(sizes, config) else None
 
 
 def saved_run_config(config: TrainConfig) -> dict[str, Any] | None:
@@ -423,7 +525,11 @@ def build_trainer(
         run_config=RunConfig(
             name=config.name,
             storage_path=storage,
-            checkpoint_config=CheckpointConfig(num_to_keep=config.keep_checkpoints),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=config.keep_checkpoints,
+                # the best by the selection rule are kept (Ray Train always keeps the latest)
+                checkpoint_score_attribute=SELECTION_SCORE if config.select_metric else None,
+            ),
             failure_config=FailureConfig(max_failures=config.max_failures),
         ),
     )

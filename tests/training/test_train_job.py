@@ -350,6 +350,46 @@ def test_relaunch_of_a_finished_run_returns_its_final_checkpoint(reference, monk
     assert run(config) == Path(result.checkpoint.path)
 
 
+def test_early_stopping_keeps_the_best_checkpoint_not_the_last(
+    ray_local, task, tiny_qwen3_dir, tmp_path, monkeypatch
+):
+    """Issue 32: with a ``min_delta`` no validation can beat, the untrained model (step 0) stays
+    the best; patience 2 stops the run two validations later (step 8 of 12) and the run's
+    result is the step-0 checkpoint, kept by Ray Train beside the latest. A relaunch returns it
+    without training."""
+    from dataclasses import replace
+
+    config = replace(
+        _config(task, tiny_qwen3_dir, tmp_path, "early-stop"),
+        select_metric="val/nDCG@10/M3",
+        patience=2,
+        min_delta=2.0,  # nDCG is at most 1: nothing after step 0 counts as better
+        keep_checkpoints=1,
+    )
+    best = run(config)
+    assert best.name == "checkpoint_0000000"
+    checkpoints = sorted(
+        p.name for p in (tmp_path / "early-stop").glob("checkpoint_*") if p.is_dir()
+    )
+    assert checkpoints == ["checkpoint_0000000", "checkpoint_0000008"]
+    info = read_training_info(tmp_path / "early-stop" / "checkpoint_0000008")
+    assert info["stopped"] == {"reason": "early stopping", "step": 8}
+    assert info["selection"]["best_step"] == 0 and info["selection"]["stale"] == 2
+    assert [h["step"] for h in info["history"]] == [0, 4, 8]
+    # the step-0 checkpoint is the untrained model: it scores as the base does
+    base = Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu")
+    kept = Scorer.from_pretrained(str(best), device="cpu")
+    np.testing.assert_allclose(
+        kept.score(PROBE, PROBE_DOCS, Mode.M3), base.score(PROBE, PROBE_DOCS, Mode.M3), atol=1e-5
+    )
+
+    def no_train_run(*args, **kwargs):
+        raise AssertionError("a stopped run started a Train run")
+
+    monkeypatch.setattr(trainer, "build_trainer", no_train_run)
+    assert run(config) == best
+
+
 def test_local_ray_started_for_a_run_tells_its_processes_its_own_address():
     # A separate interpreter: this module's cluster stays up.
     script = (
