@@ -10,7 +10,10 @@ Two input formats:
 
 - ``r1-searcher``: R1-Searcher's evaluation JSONL (``question``, ``answer``, ``gpt4o_output``,
   ``gen_text_store`` with ``<|begin_of_query|> ... <|end_of_query|>`` and
-  ``<|begin_of_documents|> (k)Title: T Text: X ... <|end_of_documents|>``).
+  ``<|begin_of_documents|> (k)... <|end_of_documents|>``). A passage is read in either layout
+  these logs print: labelled, ``(k)Title: T Text: X``, or unlabelled, ``(k)T   X``: the title,
+  a run of two or more spaces (or a tab or line break), then the text (kept as printed, which
+  often repeats the title).
 - ``generic``: one JSON object per trajectory, for any agent's logs::
 
     {"session_id": "s1", "question": "...", "answer": "..." | null, "judge_ok": true | null,
@@ -22,7 +25,9 @@ Two input formats:
   ``session_id``, ``question`` and ``steps`` are required, and each step's ``query``.
 
 A bad line (not JSON, a required field missing) or a bad step is reported with its line number
-and what is wrong (:class:`Problem`); the rest is imported.
+and what is wrong (:class:`Problem`); the rest is imported. A search whose passages cannot be
+parsed is imported without them and its problem says so (``lost_documents``, naming file:line
+and the search index); ``acare import-traces`` then exits non-zero unless ``--keep-going``.
 
 Candidates of a search: the passages the agent's own retriever returned for it (``origin``
 ``agent``, ``agent_rank`` 1..n) plus BM25 top-``k`` for the sub-query over the pooled,
@@ -92,6 +97,12 @@ _QUERY = re.compile(r"<\|begin_of_query\|>(.*?)<\|end_of_query\|>", re.S)
 _DOCS = re.compile(r"\s*<\|begin_of_documents\|>(.*?)<\|end_of_documents\|>", re.S)
 _PASSAGE = re.compile(r"^\((\d+)\)(.*?)(?=^\(\d+\)|\Z)", re.S | re.M)
 _TITLE_TEXT = re.compile(r"Title:\s*(.*?)\s+Text:\s*(.*)", re.S)
+# Unlabelled layout: the title, then a run of two or more spaces (or a tab or line break), then
+# the text (which often starts by repeating the title).
+_TITLE_GAP_TEXT = re.compile(r"(\S.*?)(?: {2,}|\t|\n)\s*(\S.*)", re.S)
+
+
+LOST_DOCUMENTS = "imported without its documents"
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,11 @@ class Problem:
     source: str
     line: int
     message: str
+
+    @property
+    def lost_documents(self) -> bool:
+        """A search was imported without the documents its agent saw."""
+        return LOST_DOCUMENTS in self.message
 
     def __str__(self) -> str:
         return f"{self.source}:{self.line}: {self.message}"
@@ -181,9 +197,12 @@ def _passages(block: str) -> list[tuple[str, str]]:
         body = body.strip()
         if len(body) >= 2 and body.startswith('"') and body.endswith('"'):
             body = body[1:-1].replace('""', '"')  # CSV-quoted passages
-        match = _TITLE_TEXT.match(body)
+        match = _TITLE_TEXT.match(body) or _TITLE_GAP_TEXT.match(body)
         if match is None:
-            raise ValueError(f"a passage without 'Title: ... Text: ...': {body[:60]!r}")
+            raise ValueError(
+                "a passage in neither layout ('Title: T Text: X', or the title, a run of "
+                f"spaces, then the text): {body[:60]!r}"
+            )
         title, text = match.group(1).strip(), " ".join(match.group(2).split())
         if not title or not text:
             raise ValueError(f"a passage with an empty title or text: {body[:60]!r}")
@@ -209,7 +228,7 @@ def parse_r1_steps(text: str) -> tuple[list[Step], list[str]]:
         try:
             documents = _passages(docs_match.group(1)) if docs_match else []
         except ValueError as err:
-            problems.append(f"search {k}: {err} (imported without its documents)")
+            problems.append(f"search {k}: {err} ({LOST_DOCUMENTS})")
             documents = []
         steps.append(Step(query, reasoning, tuple(documents)))
     return steps, problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from acare_ray.data.io import data_dir
@@ -64,8 +65,50 @@ def test_a_search_without_reasoning_has_none_and_a_bad_passage_is_reported():
         "<|end_of_documents|><|begin_of_query|>  <|end_of_query|>"
     )
     assert len(steps) == 1 and steps[0].reasoning is None and steps[0].documents == ()
-    assert "search 1: a passage without 'Title: ... Text: ...'" in problems[0]
+    assert "search 1: a passage in neither layout" in problems[0]
+    assert "imported without its documents" in problems[0]
     assert "search 2: the query is empty (skipped)" in problems[1]
+
+
+def test_unlabelled_passages_split_at_the_run_of_spaces_after_the_title():
+    """The other layout R1-Searcher logs print: the title, a run of spaces, then the text
+    (often repeating the title). Both layouts may sit in one documents block."""
+    steps, problems = parse_r1_steps(
+        "<|begin_of_query|> Golden Bear 1998 <|end_of_query|><|begin_of_documents|>\n"
+        "(1)Central Station (film)    Central Station (film) Central Station is a 1998 film.\n"
+        "(2)Title: Walter Salles Text: A director.\n"
+        "(3)Berlin Film Festival\tThe festival awards the Golden Bear.\n"
+        "<|end_of_documents|>"
+    )
+    assert problems == []
+    assert steps[0].documents == (
+        ("Central Station (film)", "Central Station (film) Central Station is a 1998 film."),
+        ("Walter Salles", "A director."),
+        ("Berlin Film Festival", "The festival awards the Golden Bear."),
+    )
+
+
+def test_a_lost_documents_import_fails_unless_told_to_keep_going(tmp_path, capsys):
+    from acare_ray.cli import main
+
+    record = {
+        "question": "Who directed Central Station?",
+        "answer": "Walter Salles",
+        "gen_text_store": "<|begin_of_query|> q1 <|end_of_query|><|begin_of_documents|>\n"
+        "(1)Title: Walter Salles Text: A director.\n<|end_of_documents|>"
+        "<|begin_of_query|> q2 <|end_of_query|><|begin_of_documents|>\n(1)garbage\n"
+        "<|end_of_documents|>",
+    }
+    log = tmp_path / "eval_agent.jsonl"
+    log.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    out = tmp_path / "searches.parquet"
+    argv = ["import-traces", "--input", str(log), "--output", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"{log}:1: search 2: a passage in neither layout" in err
+    assert "1 search(es) lost their documents" in err and not out.exists()
+    assert main([*argv, "--keep-going"]) == 0
+    assert pq.read_table(out).num_rows == 2
 
 
 def test_page_key_drops_case_accents_and_punctuation():
