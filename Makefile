@@ -47,11 +47,12 @@ lint: install
 bench: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/bench_scorer.py
 
-# The issue-20 recipe: MiniLM trained on traces + MuSiQue + HotpotQA, and its fitted fusion
-# stored with the checkpoint (runs/recipe_all/runs/recipe-all-seed$(SEED)/checkpoint_*).
+# The published recipe: `acare adopt` with the committed config for our data (the traces'
+# split, MuSiQue + HotpotQA as extra training data, early stopping, the safe fusion fit, the
+# test, cost, the agent loop and the decision report under runs/adopt/seed$(SEED)/).
 SEED ?= 0
 recipe: install
-	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/recipe_all.py --stages data,train,fit --seed $(SEED)
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa.yaml --seed $(SEED) --stages data,baseline,train,fit,test,cost,loop,report
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

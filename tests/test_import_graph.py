@@ -23,6 +23,8 @@ LAYERS = [
         "acare_ray.schema",
         "acare_ray.fusion",
         "acare_ray.request_errors",
+        "acare_ray.splits",
+        "acare_ray.fusion_fit",
     ),
     ("acare_ray.session_replay", "acare_ray.data", "acare_ray.checkpoint_settings"),
     ("acare_ray.search", "acare_ray.training"),  # HTTP-free retrievers and memory; the trainer
@@ -30,7 +32,12 @@ LAYERS = [
     # above them: what uses them (the agent loop, MCP, adapters, demo and the CLIs)
 ]
 # The only modules outside training/ that may import it: the commands that run training.
-TRAINING_USERS = ("acare_ray.demo", "acare_ray.cli")
+TRAINING_USERS = (
+    "acare_ray.demo",
+    "acare_ray.cli",
+    "acare_ray.adopt.config",
+    "acare_ray.adopt.stages",
+)
 
 
 def modules() -> dict[str, Path]:

@@ -190,6 +190,11 @@ class AdoptConfig:
     def work(self) -> Path:
         return Path(_expand(self.work_dir))
 
+    @property
+    def seed_dir(self) -> Path:
+        """Where the stages that depend on the training seed write (``work_dir/seed<N>``)."""
+        return self.work / f"seed{self.seed}"
+
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> AdoptConfig:
         values = _known(cls, values, "adopt config")

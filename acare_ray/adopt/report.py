@@ -229,9 +229,7 @@ def write_report(config: AdoptConfig, results: dict[str, Any]) -> dict[str, Any]
     for agent, rows in test["per_agent"].items():
         d, r = decide(fitted, rows[0])
         decisions["per_agent"][agent] = {"decision": d, "reason": r}
-    from acare_ray.adopt.stages import seed_dir
-
-    out = seed_dir(config)
+    out = config.seed_dir
     (out / "report.md").write_text(markdown(config, results, decisions))
     png = chart(results, out / "report.png")
     summary = {

@@ -67,12 +67,8 @@ SHARED_STAGES = ("data", "baseline")
 ``work_dir/seed<N>``."""
 
 
-def seed_dir(config: AdoptConfig) -> Path:
-    return config.work / f"seed{config.seed}"
-
-
 def stage_file(config: AdoptConfig, stage: str) -> Path:
-    folder = config.work if stage in SHARED_STAGES else seed_dir(config)
+    folder = config.work if stage in SHARED_STAGES else config.seed_dir
     return folder / f"{stage}.json"
 
 
@@ -352,7 +348,7 @@ def fit_stage(config: AdoptConfig, checkpoint: str) -> dict[str, Any]:
             FitFusionConfig(
                 input=primary_part(config, "validation"),
                 model=checkpoint,
-                work_dir=str(seed_dir(config) / f"fit-{mode}"),
+                work_dir=str(config.seed_dir / f"fit-{mode}"),
                 mode=mode,
                 write=mode == "M3",
                 safety=config.fusion,
@@ -372,7 +368,7 @@ def test_stage(config: AdoptConfig, checkpoint: str, fits: dict[str, Any]) -> di
         checkpoint,
         config.modes,
         tuple(dict.fromkeys(fusions)),
-        str(seed_dir(config) / "test"),
+        str(config.seed_dir / "test"),
     )
     stored = f"M3+{m3}"
     claims = [("first_stage", stored), ("first_stage", "M3")]
@@ -452,7 +448,7 @@ def cost_stage(config: AdoptConfig, checkpoint: str) -> dict[str, Any]:
 
 
 def loop_stage(config: AdoptConfig, checkpoint: str) -> dict[str, Any]:
-    out = seed_dir(config) / "loop"
+    out = config.seed_dir / "loop"
     report = out / "agent_bench.json"
     command = [*config.loop, "--model", checkpoint, "--out", str(out)]
     if config.loop_tasks:
