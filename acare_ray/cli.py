@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "acare_ray.online.cli",
     "acare_ray.training.cli",
     "acare_ray.adopt.cli",
+    "acare_ray.verify",
     "acare_ray.agent.cli",
     "acare_ray.search.cli",
     "acare_ray.mcp_server",

@@ -21,8 +21,10 @@
 - Cancellation: a request that is cancelled (client gone, deadline passed) marks its batch
   slot; when no request of a batch is still waited for, the model thread stops before its
   next forward pass, and only then is the batch's admission share released.
-- Health: ``check_health`` scores one tiny pair on the model thread; Serve restarts a replica
-  whose check fails, and ``/health`` says down meanwhile.
+- Health: a checkpoint with golden cases (``golden.json``, :mod:`acare_ray.scoring.golden`) must
+  score them as recorded when it loads, or the replica never starts; ``check_health`` scores
+  them again (a model without them: one tiny pair) on the model thread; Serve restarts a
+  replica whose check fails, and ``/health`` says down meanwhile.
 - Auth: the keys come from ``api_key_env`` (comma or newline separated, whitespace stripped);
   a replica with no key refuses to start unless ``allow_unauthenticated`` is true.
 - Several models: ``models`` names checkpoints (a base model, fine-tuned ones); a request picks
@@ -63,6 +65,7 @@ from acare_ray.online.replica_models import ModelSlot, ReplicaModels
 from acare_ray.online.service import Limits, RerankService, ScoringJob
 from acare_ray.request_errors import ClientError
 from acare_ray.scoring import Cancelled
+from acare_ray.scoring.golden import read_golden
 
 
 @serve.deployment(
@@ -112,7 +115,8 @@ class Reranker:
                 revision=source.revision,
                 **{k: v for k, v in options.items() if v is not None},
             )
-            service = RerankService(scorer, name, self.limits)
+            # A checkpoint with golden cases must score them as recorded, or never serve.
+            service = RerankService(scorer, name, self.limits, read_golden(source.model))
             # x-acare-model-version on every deployment, so a rollout's switch is visible;
             # a one-model deployment's bodies and /v1/models card stay as they were.
             version = checkpoint_version(source)

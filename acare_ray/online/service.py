@@ -31,6 +31,7 @@ from acare_ray.scoring import (
     parse_mode,
     score_isolated,
 )
+from acare_ray.scoring.golden import GoldenCase, verify
 
 # The scoring core names a search's inputs as AgentContext does; a request as its endpoint does.
 _REQUEST_FIELD = {
@@ -134,10 +135,21 @@ def _check_encodable(field: str, text: str | None) -> None:
 class RerankService:
     """Holds a loaded :class:`Scorer` and the limits; see the module docstring."""
 
-    def __init__(self, scorer: Scorer, model_name: str, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        scorer: Scorer,
+        model_name: str,
+        limits: Limits | None = None,
+        golden: Sequence[GoldenCase] | None = None,
+    ) -> None:
         self.scorer = scorer
         self.model_name = model_name
         self.limits = limits or Limits()
+        # The checkpoint's golden cases (acare_ray.scoring.golden): checked now, so a model that
+        # does not score as it was saved never serves, and again in every health probe.
+        self.golden = list(golden or ())
+        if self.golden:
+            verify(scorer, self.golden, model_name)
         self.layout = TokenLayout(scorer)
         self._lead_bytes = len(self.layout.lead.encode("utf-8"))
         # The prompt's own tokens per mode (template, instruction, field labels), measured once
@@ -288,7 +300,12 @@ class RerankService:
         return score_isolated(self.scorer, items, AUTO, cancel=cancel)
 
     def probe(self) -> None:
-        """One tiny forward pass: raises if the model cannot score (the replica's health)."""
+        """The replica's health: the golden cases score as the checkpoint recorded (raises
+        :class:`GoldenMismatchError` naming the case and both numbers), or, for a model without
+        them, one tiny forward pass gives a finite score."""
+        if self.golden:
+            verify(self.scorer, self.golden, self.model_name)
+            return
         scores = self.scorer.score(AgentContext("health"), ["ok"], Mode.M0)
         if scores.shape != (1,) or not np.isfinite(scores).all():
             raise RuntimeError(f"health probe scored {scores!r}")

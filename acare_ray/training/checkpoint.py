@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from acare_ray.scoring import ACARE_CONFIG_FILE, Scorer
+from acare_ray.scoring.golden import write_golden
 
 TRAINING_FILE = "training.json"
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -123,13 +124,15 @@ def write_checkpoint(
     info: dict[str, Any],
     trainer_state: dict[str, Any] | None = None,
     model_state: dict[str, torch.Tensor] | None = None,
+    golden: dict[str, Any] | None = None,
 ) -> Path:
     """Write a servable checkpoint of ``scorer``'s current weights into ``directory``, atomically.
 
     ``info`` (JSON-serialisable: step, config, history) goes to ``training.json``;
     ``trainer_state`` (optimizer/scheduler state dicts) to ``trainer_state.pt``. Weights are the
     scorer's own, or ``model_state`` when given (a sharded model's gathered weights, see
-    :func:`full_model_state`). Everything is written to a hidden temp folder beside
+    :func:`full_model_state`). ``golden`` (:func:`acare_ray.scoring.golden.record` of these
+    weights) goes to ``golden.json``. Everything is written to a hidden temp folder beside
     ``directory`` and renamed to ``directory`` once complete (an existing ``directory`` is
     replaced); a writer that dies leaves only the temp folder. One rank writes.
     """
@@ -147,6 +150,8 @@ def write_checkpoint(
         (partial / ACARE_CONFIG_FILE).write_text(config)
         if trainer_state is not None:
             torch.save(trainer_state, partial / TRAINER_STATE_FILE)
+        if golden is not None:
+            write_golden(partial, golden)
         (partial / TRAINING_FILE).write_text(json.dumps(info, indent=2) + "\n")
         if directory.exists():
             shutil.rmtree(directory)

@@ -53,6 +53,7 @@ from acare_ray.training.validation import validate
 log = logging.getLogger("acare_ray.training")
 
 SELECTION_SCORE = "selection/best_step"
+GOLDEN_GROUPS = 4  # validation groups whose positive and first negative become golden cases
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -246,6 +247,26 @@ class WorkerRun:
         self.module.eval()
         return self.history
 
+    def golden_record(self) -> dict[str, Any] | None:
+        """Golden scores of the weights being saved (:mod:`acare_ray.scoring.golden`): the
+        synthetic cases and the positive and first negative of a few validation groups, scored
+        in memory without dropout, so a loaded checkpoint can prove it scores the same. None on
+        a sharded model (its full weights exist only while gathered)."""
+        from acare_ray.scoring.golden import record
+
+        if ckpt.is_sharded(self.model):
+            return None
+        items = []
+        for group in self.val[:GOLDEN_GROUPS]:
+            mode = group.context.resolve_mode("auto")
+            items += [(group.context, d.text, mode) for d in (group.positive, group.negatives[0])]
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                return record(self.scorer, items)
+        finally:
+            self.module.train()
+
     def require_metric(self, metrics: dict[str, Any]) -> None:
         """ValueError when the validation does not measure ``select_metric`` (no validation
         groups, or none with the fields its mode needs)."""
@@ -317,7 +338,12 @@ class WorkerRun:
                     info["selection"] = {"metric": config.select_metric, **chosen.as_dict()}
                 state = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}
                 ckpt.write_checkpoint(
-                    staged, self.scorer, info=info, trainer_state=state, model_state=model_state
+                    staged,
+                    self.scorer,
+                    info=info,
+                    trainer_state=state,
+                    model_state=model_state,
+                    golden=self.golden_record(),
                 )
                 checkpoint = ray.train.Checkpoint.from_directory(str(staged))
             ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
