@@ -25,6 +25,7 @@ LAYERS = [
         "acare_ray.request_errors",
         "acare_ray.splits",
         "acare_ray.fusion_fit",
+        "acare_ray.calibration",
     ),
     ("acare_ray.session_replay", "acare_ray.data", "acare_ray.checkpoint_settings"),
     ("acare_ray.search", "acare_ray.training"),  # HTTP-free retrievers and memory; the trainer

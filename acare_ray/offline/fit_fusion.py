@@ -16,6 +16,11 @@ whatever its margin (for experiments; never the default).
 The stored ``fusion`` entry of the checkpoint's ``acare.json`` says how it was fitted
 (``fitted``: decision, reason, cross-validated gain). ``<work_dir>/fit.json`` has every grid
 point with its gain over the first stage.
+
+The same pass fits the mode's relevance calibration (Platt scaling of the raw scores on the
+judged candidates, :mod:`acare_ray.calibration`), stored under ``calibration.<mode>`` with the
+expected calibration error of sigmoid and of the calibration on held-out question folds; the
+Serve app's 0..1 relevance uses it for that mode.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from acare_ray.checkpoint_settings import write_fusion
+import numpy as np
+
+from acare_ray.calibration import Calibration, fit_platt, held_out_ece
+from acare_ray.checkpoint_settings import write_calibration, write_fusion
 from acare_ray.fusion import DEFAULT_RRF_K, fit, grid
 from acare_ray.fusion_fit import SafetyRule, fit_safely
 from acare_ray.metrics import parse_measure
@@ -70,6 +78,31 @@ class FitFusionConfig:
         object.__setattr__(self, "measure", f"{kind}@{k}")
         if self.write and not Path(self.model).is_dir():
             raise ValueError(f"{self.model}: the fitted fusion is stored in a checkpoint folder")
+
+
+def fit_calibration(
+    searches: dict[str, tuple], qrels: dict, question_of: dict[str, str], config: FitFusionConfig
+) -> dict[str, Any]:
+    """Platt scaling of the mode's raw scores on the judged candidates
+    (:mod:`acare_ray.calibration`), with the expected calibration error of sigmoid and of the
+    calibration on held-out question folds; ``{"skipped": reason}`` when it cannot be fitted."""
+    scores, labels, questions = [], [], []
+    for qid, (doc_ids, values, _, _) in searches.items():
+        judged = qrels.get(qid, {})
+        for doc_id, value in zip(doc_ids, values, strict=True):
+            if doc_id in judged:
+                scores.append(value)
+                labels.append(int(judged[doc_id] > 0))
+                questions.append(question_of[qid])
+    x, y = np.asarray(scores, dtype=np.float64), np.asarray(labels)
+    try:
+        calibration = fit_platt(x, y)
+    except ValueError as err:
+        return {"skipped": str(err)}
+    out: dict[str, Any] = {**calibration.as_dict(), "mode": config.mode}
+    if len(set(questions)) >= 2 * config.safety.folds:
+        out["held_out"] = held_out_ece(x, y, questions, config.safety.folds, config.safety.seed)
+    return out
 
 
 def run(config: FitFusionConfig) -> dict[str, Any]:
@@ -118,8 +151,16 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
             chosen_row[config.measure] if safe.decision == "fused" else safe.first_stage
         )
     result = {"fusion": best.as_dict(), "label": best.label, "fitted": fitted, "grid": table}
+    result["calibration"] = fit_calibration(searches, qrels, load_questions(config.input), config)
     if config.write:
         result["stored_in"] = str(write_fusion(config.model, best, fitted))
+        if result["calibration"].get("a") is not None:
+            write_calibration(
+                config.model,
+                config.mode,
+                Calibration(result["calibration"]["a"], result["calibration"]["b"]),
+                {k: v for k, v in result["calibration"].items() if k not in ("a", "b")},
+            )
     out.mkdir(parents=True, exist_ok=True)
     (out / "fit.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

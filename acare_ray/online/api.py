@@ -372,11 +372,19 @@ class RerankMeta(BaseModel):
     fusion: str | None = Field(
         None, description="The fusion setting used (only when the request gave a first stage)."
     )
+    relevance: str = Field(
+        "sigmoid",
+        description="How relevance_score was made: `calibrated` (the checkpoint's calibration "
+        "for this mode: a probability), `sigmoid` (sigmoid(log-odds), no calibration) or `raw`.",
+    )
 
 
 class RerankResult(BaseModel):
     index: int = Field(description="Position of the document in the request.")
-    relevance_score: float = Field(description="sigmoid(log-odds) in 0..1.")
+    relevance_score: float = Field(
+        description="The calibrated probability of relevance where the checkpoint has a "
+        "calibration for the mode (meta.relevance), else sigmoid(log-odds); 0..1."
+    )
     fused_score: float | None = Field(
         None, description="The fused value the order follows (only when fused)."
     )
@@ -414,6 +422,19 @@ def relevance(scores: np.ndarray) -> np.ndarray:
     return expit(np.asarray(scores, dtype=np.float64))
 
 
+def _relevance(
+    scores: np.ndarray, raw: bool, calibrated: tuple[np.ndarray, bool] | None
+) -> tuple[np.ndarray, str]:
+    """The 0..1 values a response answers and how they were made (``raw``, ``calibrated``,
+    ``sigmoid``)."""
+    if raw:
+        return np.asarray(scores, dtype=np.float64), "raw"
+    if calibrated is not None:
+        values, is_calibrated = calibrated
+        return values, "calibrated" if is_calibrated else "sigmoid"
+    return relevance(scores), "sigmoid"
+
+
 def truncation_warnings(job: ScoringJob, field: str) -> list[str] | None:
     """Say which documents and which context fields were cut, so truncation is never silent."""
     warnings = [f"{name} cut to its cap of {cap} tokens" for name, cap in job.cut_fields]
@@ -434,12 +455,15 @@ def cohere_response(
     model: str,
     tokens: int = 0,
     fused: FusedScores | None = None,
+    calibrated: tuple[np.ndarray, bool] | None = None,
 ) -> RerankResponse:
     """``fused``: the request's fusion (:func:`~acare_ray.online.fusion_fields.fuse_request`);
-    None answers by log-odds alone, as without the first-stage fields."""
+    None answers by log-odds alone, as without the first-stage fields. ``calibrated``: the
+    model's 0..1 relevance of ``scores`` and whether it is calibrated
+    (:meth:`RerankService.relevance`); None: sigmoid."""
     order = rank_order(scores, request.top_n) if fused is None else fused.top(request.top_n)
     raw = getattr(request, "use_activation", None) is False
-    probabilities = np.asarray(scores, dtype=np.float64) if raw else relevance(scores)
+    probabilities, made = _relevance(scores, raw, calibrated)
     results = [
         RerankResult(
             index=int(i),
@@ -460,6 +484,7 @@ def cohere_response(
             mode=job.mode.value,
             warnings=truncation_warnings(job, "documents"),
             fusion=fused.config.label if fused else None,
+            relevance=made,
         ),
         model=model if version == "1" else None,
         usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens) if version == "1" else None,
@@ -467,9 +492,12 @@ def cohere_response(
 
 
 def tei_response(
-    request: TeiRerankRequest, scores: np.ndarray, fused: FusedScores | None = None
+    request: TeiRerankRequest,
+    scores: np.ndarray,
+    fused: FusedScores | None = None,
+    calibrated: tuple[np.ndarray, bool] | None = None,
 ) -> list[TeiRank]:
-    values = np.asarray(scores, dtype=np.float64) if request.raw_scores else relevance(scores)
+    values, _ = _relevance(scores, request.raw_scores, calibrated)
     return [
         TeiRank(
             index=int(i),

@@ -79,7 +79,7 @@ class Reranker:
     """One model replica; see the module docstring."""
 
     def __init__(self, args: dict[str, Any], sessions: Any = None) -> None:
-        from acare_ray.checkpoint_settings import read_fusion
+        from acare_ray.checkpoint_settings import read_calibration, read_fusion
         from acare_ray.scoring import Scorer
 
         config = AppArgs.model_validate(args)
@@ -115,8 +115,15 @@ class Reranker:
                 revision=source.revision,
                 **{k: v for k, v in options.items() if v is not None},
             )
-            # A checkpoint with golden cases must score them as recorded, or never serve.
-            service = RerankService(scorer, name, self.limits, read_golden(source.model))
+            # A checkpoint with golden cases must score them as recorded, or never serve; its
+            # calibration (per mode) makes the 0..1 relevance a probability.
+            service = RerankService(
+                scorer,
+                name,
+                self.limits,
+                read_golden(source.model),
+                read_calibration(source.model),
+            )
             # x-acare-model-version on every deployment, so a rollout's switch is visible;
             # a one-model deployment's bodies and /v1/models card stay as they were.
             version = checkpoint_version(source)

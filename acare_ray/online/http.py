@@ -59,7 +59,6 @@ from acare_ray.online.api import (
     TeiRerankRequest,
     V1RerankRequest,
     cohere_response,
-    relevance,
     tei_response,
 )
 from acare_ray.online.fusion_fields import FirstStageFields, FusedScores, fuse_request
@@ -392,6 +391,16 @@ def _fused(
     return out
 
 
+def _relevance(
+    served: Served, job: ScoringJob, scores: np.ndarray, response: Response
+) -> tuple[np.ndarray, bool]:
+    """The model's 0..1 relevance of ``scores`` (calibrated for the job's mode where the
+    checkpoint has a calibration, else sigmoid), said in ``x-acare-relevance``."""
+    values, calibrated = served.service.relevance(scores, job.mode)
+    response.headers["x-acare-relevance"] = "calibrated" if calibrated else "sigmoid"
+    return values, calibrated
+
+
 def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
     """``/v1/rerank``, ``/v2/rerank`` (Cohere) and ``/rerank`` (TEI), their bodies holding at
     most ``max_documents`` documents."""
@@ -412,6 +421,7 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
             model=served.name,
             tokens=tokens,
             fused=_fused(body, scores, response, served),
+            calibrated=_relevance(served, job, scores, response),
         )
 
     async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
@@ -443,7 +453,12 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
         scores = np.empty(len(texts), dtype=np.float64)
         for rows, (_, _, group_scores, _) in zip(groups.values(), runs):
             scores[rows] = group_scores
-        values = scores if body.use_activation is False else relevance(scores)
+        if body.use_activation is False:
+            values = scores
+        else:
+            values = np.empty(len(texts), dtype=np.float64)
+            for rows, (served, job, group_scores, _) in zip(groups.values(), runs):
+                values[rows] = _relevance(served, job, group_scores, response)[0]
         tokens = sum(run[3] for run in runs)
         response.headers["x-acare-tokens"] = str(tokens)
         return ScoreResponse(
@@ -462,14 +477,15 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
         if not body.texts:
             raise EmptyTexts()
         name = catalog.name_for(None, header_model(request.headers))
-        served, _, scores, tokens = await scoring.run_on(name, body.search(), request, response)
+        served, job, scores, tokens = await scoring.run_on(name, body.search(), request, response)
         elapsed_ms = str(round(1e3 * (time.perf_counter() - began)))
         response.headers["x-compute-tokens"] = str(tokens)
         response.headers["x-compute-characters"] = str(
             len(body.query) + sum(len(t) for t in body.texts)
         )
         response.headers["x-compute-time"] = response.headers["x-total-time"] = elapsed_ms
-        return tei_response(body, scores, _fused(body, scores, response, served))
+        calibrated = None if body.raw_scores else _relevance(served, job, scores, response)
+        return tei_response(body, scores, _fused(body, scores, response, served), calibrated)
 
     # The body models are built per app (max_documents), so the annotations are set here.
     cohere_body = _with_max_items(CohereRerankRequest, "documents", max_documents)

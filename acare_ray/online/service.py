@@ -4,8 +4,9 @@ Every endpoint shape (Cohere v1/v2, TEI) converts its body to a :class:`Search`;
 :meth:`RerankService.prepare` validates it against the model (fields, mode, limits, document
 truncation, token cost) and returns a :class:`ScoringJob`; :meth:`RerankService.score` scores
 any number of jobs in one :meth:`Scorer.score_many` call (each job's prefix shared by its own
-documents). Scores are the scorer's raw log-odds (see :mod:`acare_ray.scoring.scorer`); turning them
-into a 0..1 ``relevance_score`` is the API layer's business.
+documents). Scores are the scorer's raw log-odds (see :mod:`acare_ray.scoring.scorer`);
+:meth:`RerankService.relevance` turns them into the 0..1 relevance the APIs answer (the
+checkpoint's calibration for the mode, else sigmoid).
 
 Client mistakes raise :class:`ClientError` with the HTTP status and the request field at fault;
 a :class:`ValueError` the scorer raises later is turned into one by :func:`scoring_refusal`.
@@ -13,11 +14,13 @@ a :class:`ValueError` the scorer raises later is turned into one by :func:`scori
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy.special import expit
 
 from acare_ray.request_errors import ClientError
 from acare_ray.scoring import (
@@ -32,6 +35,9 @@ from acare_ray.scoring import (
     score_isolated,
 )
 from acare_ray.scoring.golden import GoldenCase, verify
+
+if TYPE_CHECKING:
+    from acare_ray.calibration import Calibration
 
 # The scoring core names a search's inputs as AgentContext does; a request as its endpoint does.
 _REQUEST_FIELD = {
@@ -141,10 +147,14 @@ class RerankService:
         model_name: str,
         limits: Limits | None = None,
         golden: Sequence[GoldenCase] | None = None,
+        calibration: Mapping[str, Calibration] | None = None,
     ) -> None:
         self.scorer = scorer
         self.model_name = model_name
         self.limits = limits or Limits()
+        # Per mode, the checkpoint's relevance calibration (acare_ray.calibration); a mode
+        # without one answers sigmoid(log-odds).
+        self.calibration = dict(calibration or {})
         # The checkpoint's golden cases (acare_ray.scoring.golden): checked now, so a model that
         # does not score as it was saved never serves, and again in every health probe.
         self.golden = list(golden or ())
@@ -298,6 +308,14 @@ class RerankService:
         """
         items = [(job.context, list(job.documents)) for job in jobs]
         return score_isolated(self.scorer, items, AUTO, cancel=cancel)
+
+    def relevance(self, scores: np.ndarray, mode: Mode) -> tuple[np.ndarray, bool]:
+        """The 0..1 relevance of ``scores`` read in ``mode``: the checkpoint's calibration for
+        that mode when it has one (True), else sigmoid (False). Never changes an order."""
+        calibration = self.calibration.get(Mode(mode).value)
+        if calibration is None:
+            return expit(np.asarray(scores, dtype=np.float64)), False
+        return calibration.apply(scores), True
 
     def probe(self) -> None:
         """The replica's health: the golden cases score as the checkpoint recorded (raises

@@ -121,11 +121,13 @@ def expected_cohere(service, path, body, request_id) -> tuple[bytes, dict[str, s
             "tokens": {"input_tokens": tokens, "output_tokens": 0},
             "model": "tiny",
             "mode": mode,
+            "relevance": "sigmoid",  # issue 35: an uncalibrated checkpoint says so
         },
     }
     if version == "1":  # issue 34: vLLM's and Jina's top-level fields on the v1 route
         answer |= {"model": "tiny", "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
     headers = {"x-acare-mode": mode, "x-acare-tokens": str(tokens), "x-acare-batch-requests": "1"}
+    headers["x-acare-relevance"] = "sigmoid"
     return encoded(answer), headers
 
 
@@ -147,6 +149,8 @@ def expected_tei(service, body) -> tuple[bytes, dict[str, str]]:
             }
         )
     headers = {"x-acare-mode": mode, "x-acare-tokens": str(tokens), "x-acare-batch-requests": "1"}
+    if not body.get("raw_scores"):
+        headers["x-acare-relevance"] = "sigmoid"
     return encoded(answer), headers
 
 
