@@ -80,6 +80,16 @@ def fixed_replicas(config: dict[str, Any], replicas: int) -> dict[str, Any]:
     return out
 
 
+def default_policy(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with Serve's default autoscaling policy (its ``policy`` removed): the policy
+    the pressure policy is measured against, same bounds and delays."""
+    out = copy.deepcopy(config)
+    scaling = autoscaling(out)
+    if scaling is not None:
+        scaling.pop("policy", None)
+    return out
+
+
 def autoscaling(config: dict[str, Any]) -> dict[str, Any] | None:
     (app,) = config["applications"]
     (deployment,) = [d for d in app["deployments"] if d["name"] == "Reranker"]
@@ -426,7 +436,8 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
 def write_markdown(result: dict[str, Any], path: Path) -> None:
     a = result["args"]
     lines = [
-        "# Autoscaling on CPU: 1 to 2 replicas vs a fixed single replica",
+        "# Autoscaling on CPU: 1 to 2 replicas (acare's pressure policy and Serve's default) vs a "
+        "fixed single replica",
         "",
         f"`{a['config']}` with model `{a['model']}`, `acare agent-bench --endpoint` at "
         f"{a['agents']} agents on {a['tasks']} MuSiQue tasks (seed {a['seed']}, mode "
@@ -445,7 +456,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
             f"| {lat.get('p50', 0):.0f} / {lat.get('p95', 0):.0f} / {lat.get('p99', 0):.0f} "
             f"| {r['refused_retried']} | {sc['max_running_replicas']} "
             f"| {sc['t_adding_replica']} | {sc['t_max_replicas']} | {sc['replica_start_s']} "
-            f"| {sc['t_back_down'] if r['phase'] == 'autoscale' else '-'} "
+            f"| {sc['t_back_down'] if r['phase'].startswith('autoscale') else '-'} "
             f"| {sc['t_first_refusal_seen']} |"
         )
     speedup = result.get("speedup")
@@ -455,6 +466,23 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
             "",
             f"Autoscaled searches/s over the fixed replica's: **{speedup:.2f}x** ({verdict} the "
             f"{TARGET_SPEEDUP}x target).",
+        ]
+    by = {r["phase"]: r["scaling"] for r in result["rows"]}
+    if {"autoscale", "autoscale-default"} <= set(by):
+        new, old = by["autoscale"], by["autoscale-default"]
+        before = new["t_adding_replica"] is not None and (
+            new["t_first_refusal_seen"] is None
+            or new["t_adding_replica"] < new["t_first_refusal_seen"]
+        )
+        halved = old["refusals_seen"] > 0 and new["refusals_seen"] <= old["refusals_seen"] / 2
+        lines += [
+            "",
+            "Pressure policy vs Serve's default, same load step: second replica requested at "
+            f"{new['t_adding_replica']} s vs {old['t_adding_replica']} s; first refusal at "
+            f"{new['t_first_refusal_seen']} s vs {old['t_first_refusal_seen']} s; refusals "
+            f"{new['refusals_seen']} vs {old['refusals_seen']}. Requested before the first "
+            f"refusal: **{'yes' if before else 'no'}**; refusals at least halved: "
+            f"**{'yes' if halved else 'no'}**.",
         ]
     lines += [
         "",
@@ -534,7 +562,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", default="serve_configs/cpu-autoscale.yaml")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model id or checkpoint")
     add_load_flags(parser, tasks_help="MuSiQue tasks per phase")
-    parser.add_argument("--phases", default="fixed,autoscale", help="fixed, autoscale or both")
+    parser.add_argument(
+        "--phases",
+        default="fixed,autoscale-default,autoscale",
+        help="fixed (one replica), autoscale-default (Serve's default policy), autoscale (the "
+        "config's policy: acare's pressure policy)",
+    )
     parser.add_argument("--settle-s", type=float, default=180, help="wait for scale-down")
     add_output_flags(parser, "bench_autoscale", "autoscale-cpu-minilm")
     return parser.parse_args(argv)
@@ -546,11 +579,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     work, out, config_path = run_paths(args)
     config = resolved_config(config_path, args.model, free_port())
-    configs = {"fixed": fixed_replicas(config, 1), "autoscale": config}
+    configs = {
+        "fixed": fixed_replicas(config, 1),
+        "autoscale-default": default_policy(config),
+        "autoscale": config,
+    }
     phases = [p for p in args.phases.split(",") if p]
     unknown = set(phases) - set(configs)
     if unknown:
-        raise SystemExit(f"--phases: unknown {sorted(unknown)}; give fixed and/or autoscale")
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}; known: {', '.join(configs)}")
     start_ray(args.cpus)
     rows = []
     with (work / "bench_autoscale.log").open("a") as log:

@@ -54,6 +54,7 @@ from acare_ray.online.app_args import (
     AppArgs,
     ReplicaSettings,
 )
+from acare_ray.online.autoscaling import REFUSED, WAIT_SHARE_METRIC
 from acare_ray.online.batch_queue import BatchStats, Pending, batch_slots
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.metrics import BatchRecord, ServeMetrics
@@ -147,6 +148,7 @@ class Reranker:
             self.settings.admission_prior_tokens_per_s,
             client_share=self.settings.client_share,
         )
+        self._autoscaling_report = (time.monotonic(), 0)
         # One model thread: batches run one at a time, off the event loop.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="acare-model")
 
@@ -195,6 +197,19 @@ class Reranker:
         finally:
             slot.drop()
         self.healthy = True
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What this replica tells the autoscaling policy (:mod:`acare_ray.online.autoscaling`):
+        admission refusals per second since the last report, and the expected wait for new work
+        as a share of the admission deadline. Serve calls it every ``metrics_interval_s``."""
+        now = time.monotonic()
+        refused = self.admission.refused
+        last_time, last_refused = self._autoscaling_report
+        self._autoscaling_report = (now, refused)
+        rate = (refused - last_refused) / max(now - last_time, 1e-3)
+        deadline = self.admission.deadline_s
+        wait = self.admission.expected_wait_s() / deadline if deadline > 0 else 0.0
+        return {REFUSED: rate, WAIT_SHARE_METRIC: wait}
 
     def status(self) -> dict[str, Any]:
         context = serve.get_replica_context()
