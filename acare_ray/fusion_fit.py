@@ -100,6 +100,11 @@ class SafeFit:
         }
 
 
+def is_pass_through(config: FusionConfig) -> bool:
+    """The setting orders by the first stage alone (no reranker weight)."""
+    return config.method != "none" and reranker_weight(config) == 0
+
+
 def reranker_weight(config: FusionConfig) -> float:
     """The reranker's share of a setting (1 for ``none``: the reranker alone)."""
     return {"rrf": config.weight, "linear": config.alpha}.get(config.method, 1.0)

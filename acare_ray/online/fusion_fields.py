@@ -13,8 +13,11 @@ Every rerank shape (Cohere v1/v2 ``documents``, TEI ``texts``) takes three optio
   for the served checkpoint (read once when the replica starts), ``none`` if it has none.
 
 A request with neither ``first_stage_scores`` nor ``first_stage_order`` has nothing to fuse
-with: it is answered exactly as without these fields, whatever the checkpoint has fitted (and a
-``fusion`` other than ``auto``/``none`` on it is a 422, since it could not be honoured). A
+with: it is answered exactly as without these fields (and a ``fusion`` other than
+``auto``/``none`` on it is a 422, since it could not be honoured), except on a checkpoint whose
+fusion fit stored the first-stage order (the safety rule found no sure gain,
+:mod:`acare_ray.fusion_fit`): there the documents' own order is the first stage and the answer
+keeps it (``fusion: none`` asks for the reranker's order). A
 request with one of them is fused (:func:`acare_ray.fusion.fuse`, the one tie rule): results
 come in fused order, ``top_n`` cut from it, each carrying ``first_stage_rank`` and, when the
 setting is not ``none``, ``fused_score``; ``relevance_score`` (TEI ``score``) keeps its meaning
@@ -38,6 +41,7 @@ from pydantic import (
 )
 
 from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
+from acare_ray.fusion_fit import is_pass_through
 
 FiniteScore = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
@@ -95,8 +99,14 @@ class FirstStageFields(BaseModel):
 
     def fusion_setting(self, fitted: FusionConfig | None) -> FusionConfig | None:
         """The fusion this request gets (``fitted``: the served checkpoint's), or None when it
-        carries no first stage (answered as without these fields)."""
+        carries no first stage (answered as without these fields). A checkpoint whose safety
+        rule stored the first-stage order (:data:`~acare_ray.fusion_fit.PASS_THROUGH`) answers
+        a request without a first stage in the order its documents came, unless the request
+        asks for ``fusion: none`` (the reranker's own order)."""
         if not self.has_first_stage:
+            passing = fitted is not None and is_pass_through(fitted)
+            if passing and (self.fusion is None or self.fusion.strip() == "auto"):
+                return fitted
             return None
         return resolve_fusion(self.fusion, fitted)
 

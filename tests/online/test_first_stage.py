@@ -372,3 +372,23 @@ def test_the_documented_fused_request_is_answered_fused(service):
     assert answer["meta"]["fusion"] == body["fusion"]
     assert sorted(r["first_stage_rank"] for r in answer["results"]) == [1, 2, 3]
     assert all("fused_score" in r for r in answer["results"])
+
+
+def test_a_pass_through_checkpoint_keeps_the_order_the_documents_came_in(service):
+    """Issue 32: the safety rule stored the first-stage order; a request without first-stage
+    fields is answered in its own document order (the agent's list is never made worse), and
+    `fusion: none` still asks for the reranker's order."""
+    from acare_ray.fusion_fit import PASS_THROUGH
+
+    client = client_for(service, fitted_fusion=PASS_THROUGH)
+    body = {"query": "capital", "documents": DOCUMENTS}
+    kept = client.post("/v1/rerank", json=body)
+    assert kept.status_code == 200
+    assert [r["index"] for r in kept.json()["results"]] == list(range(len(DOCUMENTS)))
+    assert kept.headers["x-acare-fusion"] == PASS_THROUGH.label
+    tei = client.post("/rerank", json={"query": "capital", "texts": DOCUMENTS}).json()
+    assert [r["index"] for r in tei] == list(range(len(DOCUMENTS)))
+    raw = client.post("/v1/rerank", json={**body, "fusion": "none"}).json()
+    scores = {r["index"]: r["relevance_score"] for r in raw["results"]}
+    assert [r["index"] for r in raw["results"]] == sorted(scores, key=lambda i: -scores[i])
+    assert [r["index"] for r in raw["results"]] != list(range(len(DOCUMENTS)))  # not trivial
