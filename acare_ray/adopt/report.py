@@ -40,6 +40,23 @@ def decide(fitted: dict[str, Any], row: dict[str, Any]) -> tuple[str, str]:
     return "do not switch", f"fused M3 is below the first stage on test: {numbers}"
 
 
+def zero_training(baseline: dict[str, Any]) -> str:
+    """One sentence on the untrained base reranker against the first stage: the cheap win (its
+    best mode significantly above), noise (no mode distinguishable) or worse."""
+    rows = [t for t in baseline["tests"] if t["a"] == "first_stage"]
+    best = max(rows, key=lambda t: t["diff"])
+    low = (best["ci95"] or [float("nan")])[0]
+    numbers = (
+        f"best mode {best['b']} {best['mean_b']:.3f} vs first stage {best['mean_a']:.3f} "
+        f"({best['diff']:+.3f}, Holm p {best['p_holm']:.3g})"
+    )
+    if best["diff"] > 0 and best["p_holm"] < 0.05 and low > 0:
+        return f"the base reranker with the context appended beats the first stage untrained, {numbers}: the cheap win; training is optional"
+    if all(t["diff"] < 0 and t["p_holm"] < 0.05 for t in rows):
+        return f"the base reranker untrained is below the first stage in every mode, {numbers}: it needs training"
+    return f"the base reranker untrained is not distinguishable from the first stage, {numbers}: no cheap win here"
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -87,11 +104,22 @@ def markdown(config: AdoptConfig, results: dict[str, Any], decisions: dict[str, 
     for agent, d in decisions["per_agent"].items():
         lines.append(f"- agent `{agent}`: **{d['decision']}**: {d['reason']}.")
     loop = results.get("loop")
+    baseline = results.get("baseline")
+    if baseline:
+        lines += ["", f"Zero-training control: {zero_training(baseline)}."]
+    if loop:
+        systems = loop["report"]["systems"]
+        shown = "; ".join(
+            f"`{name}` solves {s['success_rate']:.2f} of tasks with {s['searches_per_task']:.2f} "
+            "searches per task"
+            for name, s in systems.items()
+        )
+        lines += ["", f"Agent loop: {shown}."]
     lines += [
         "",
         "The three numbers the adoption plan tracks: top-10 nDCG (above), searches per task and "
         "answer accuracy ("
-        + ("the agent loop below" if loop else "not measured: no `loop` stage configured")
+        + ("the agent loop" if loop else "not measured: no `loop` stage configured")
         + ").",
         "",
         f"Base model `{config.model}`, training seed {config.seed}, split seed "
@@ -111,7 +139,6 @@ def markdown(config: AdoptConfig, results: dict[str, Any], decisions: dict[str, 
             f"| {q['train']} / {q['validation']} / {q['test']} | {s['groups']} "
             f"| {s['validation_groups']} | {s['weight']} | {cut} |"
         )
-    baseline = results.get("baseline")
     if baseline:
         lines += [
             "",

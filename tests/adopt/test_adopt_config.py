@@ -73,3 +73,23 @@ def test_the_decision_follows_the_safety_rule_then_the_test_interval():
     passed = {"decision": "pass-through", "reason": "lower bound -0.01 < 0"}
     decision, reason = decide(passed, _row(0.04, 0.01, 0.07))
     assert decision == "do not switch" and "first-stage order" in reason
+
+
+def _claim(b, diff, low, p):
+    return {"a": "first_stage", "b": b, "diff": diff, "ci95": [low, low + 0.1], "mean_a": 0.8,
+            "mean_b": 0.8 + diff, "p_holm": p}  # fmt: skip
+
+
+def test_the_zero_training_control_says_which_it_is():
+    from acare_ray.adopt.report import zero_training
+
+    win = zero_training({"tests": [_claim("M0", 0.01, -0.02, 0.4), _claim("M3", 0.05, 0.01, 0.01)]})
+    assert "the cheap win" in win and "best mode M3" in win
+    worse = zero_training(
+        {"tests": [_claim("M0", -0.2, -0.3, 0.001), _claim("M3", -0.1, -0.2, 0.01)]}
+    )
+    assert "needs training" in worse
+    noise = zero_training(
+        {"tests": [_claim("M0", 0.01, -0.02, 0.6), _claim("M3", -0.1, -0.2, 0.01)]}
+    )
+    assert "not distinguishable" in noise
