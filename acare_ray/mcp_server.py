@@ -147,7 +147,7 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
 
     from acare_ray.checkpoint_settings import read_fusion
     from acare_ray.client import AsyncAcareClient
-    from acare_ray.online.http import Scored, client_of, create_api
+    from acare_ray.online.http import Scored, client_of, single_model_api
     from acare_ray.online.models import short_model_name
     from acare_ray.online.search_routes import SearchSettings, search_routes
     from acare_ray.online.service import RerankService
@@ -175,7 +175,7 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
         client_of=client_of,
         fitted_fusion=fitted,
     )
-    app = create_api(service, score, extra_routes=routes, fitted_fusion=fitted)
+    app = single_model_api(service, score, extra_routes=routes, fitted_fusion=fitted)
     return AsyncAcareClient("http://acare.local", transport=httpx.ASGITransport(app=app))
 
 

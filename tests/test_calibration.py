@@ -17,7 +17,7 @@ from acare_ray.calibration import (
     held_out_ece,
 )
 from acare_ray.checkpoint_settings import read_calibration, write_calibration
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import Scored, single_model_api
 from acare_ray.online.service import RerankService
 
 
@@ -65,7 +65,7 @@ def test_a_calibrated_checkpoints_relevance_is_the_stored_calibration_of_score(
         (scores,) = service.score([job])
         return Scored(scores, 1)
 
-    client = TestClient(create_api(service, score))
+    client = TestClient(single_model_api(service, score))
     docs = ["Paris is in France.", "Bread is baked.", "The Seine flows through Paris."]
     context = {"original_question": "Which river?", "reasoning": "Paris has a river."}
     m3 = client.post("/v1/rerank", json={"query": "river", "documents": docs, **context})

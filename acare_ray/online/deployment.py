@@ -142,7 +142,7 @@ class Reranker:
         self.settings = ReplicaSettings()
         self.stats = BatchStats()
         self.metrics = ServeMetrics()
-        self.healthy = True
+        self._healthy = True
         self.admission = Admission(
             self.settings.admission_deadline_s,
             self.settings.admission_prior_tokens_per_s,
@@ -166,19 +166,16 @@ class Reranker:
         self.settings = settings
 
     def __serve_build_asgi_app__(self):
-        return create_api(
-            None,
-            self.score,
-            limits=self.limits,
-            models=self.models,
-            api_key=self.api_keys,
-            status=self.status,
-            screen=self.screen,
-            healthy=lambda: self.healthy,
-            fitted_fusion=self.fitted_fusion,
-            extra_routes=self.search_routes,
-            metrics=self.metrics,
-        )
+        return create_api(self)  # the routes call this replica (http.Replica)
+
+    def healthy(self) -> bool:
+        """Whether ``/health`` answers ok: the last health check passed."""
+        return self._healthy
+
+    def add_routes(self, api: Any, run: Any) -> None:
+        """``/v1/search`` and ``/v1/sessions`` on the default model (when configured)."""
+        if self.search_routes is not None:
+            self.search_routes(api, run)
 
     async def check_health(self) -> None:
         """Serve's health check: one tiny forward pass on the model thread (after the running
@@ -192,11 +189,11 @@ class Reranker:
             assert slot.served is not None
             await loop.run_in_executor(self.executor, slot.served.service.probe)
         except Exception:
-            self.healthy = False
+            self._healthy = False
             raise
         finally:
             slot.drop()
-        self.healthy = True
+        self._healthy = True
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What this replica tells the autoscaling policy (:mod:`acare_ray.online.autoscaling`):

@@ -1,8 +1,11 @@
 """The FastAPI app: routes, the request gate (bearer key, body size) and error bodies.
 
-:func:`create_api` builds the app around a :class:`RerankService` and a ``score`` coroutine
-(in Serve, the deployment's ``@serve.batch`` method), so the HTTP layer stays thin and the
-same app can be built without Ray.
+:func:`create_api` builds the app around one :class:`Replica` object the routes call: the
+served models (each with its own ``score`` coroutine; in Serve, the deployment's batching
+method), the app-wide limits and keys, and the replica's hooks (status, screen, health, more
+routes). In Serve the ``Reranker`` deployment is that object; :class:`OneModel` wraps one
+:class:`RerankService` without Ray (:func:`single_model_api`), so the HTTP layer stays thin
+and the same app can be built without Ray.
 
 Errors: every client mistake is a 4xx with a JSON body ``{"message": ...}`` naming the field
 (``documents[3]: Input should be a valid string``), bounded in length whatever it quotes: 401
@@ -34,7 +37,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 from fastapi import FastAPI, Request, Response
@@ -320,10 +323,9 @@ def _with_max_items(model: type[BaseModel], field: str, limit: int) -> type[Base
 @dataclass(frozen=True)
 class _Scoring:
     """How the routes score a search: on one of ``router``'s models, through that model's own
-    ``score`` or the app's, recording what was scored in ``metrics`` (if given)."""
+    ``score``, recording what was scored in ``metrics`` (if given)."""
 
     router: ModelRouter
-    score: ScoreFn
     metrics: Recorder | None
 
     async def run(
@@ -367,7 +369,9 @@ class _Scoring:
             response.headers["x-acare-tokens"] = "0"
             return job, np.empty(0, dtype=np.float32), 0
         try:
-            scored = await (served.score or self.score)(job, client_of(request))
+            if served.score is None:
+                raise RuntimeError(f"model {served.name!r} has no way to score")
+            scored = await served.score(job, client_of(request))
         except ValueError as err:  # the scorer refused the job: the client's field, as sent
             raise scoring_refusal(search, err) from None
         tokens = await asyncio.to_thread(service.tokens_scored, job)
@@ -524,8 +528,8 @@ def _info_routes(
     api: FastAPI,
     router: ModelRouter,
     auth: bool,
-    status: Callable[[], dict[str, Any]] | None,
-    healthy: Callable[[], bool] | None,
+    status: Callable[[], dict[str, Any]],
+    healthy: Callable[[], bool],
     limits: Limits,
 ) -> None:
     """``/health`` (open), ``/v1/status``, ``/v1/models`` and TEI's ``/info``."""
@@ -534,7 +538,7 @@ def _info_routes(
     async def health() -> JSONResponse:
         """Up or down, nothing else (no auth): 200 `{"status": "ok"}`, or 503
         `{"status": "down"}` when the replica's last model check failed."""
-        up = healthy() if healthy else True
+        up = healthy()
         return JSONResponse({"status": "ok" if up else "down"}, status_code=200 if up else 503)
 
     @api.get("/info")
@@ -547,7 +551,7 @@ def _info_routes(
             card = served.service.describe()
             dtype = _model_dtype(served.service)
             version = served.version
-        batching = (status() if status else {}).get("batching", {})
+        batching = status().get("batching", {})
         return {
             "model_id": name,
             "model_sha": version,
@@ -572,9 +576,7 @@ def _info_routes(
         the key when one is configured)."""
         catalog = router.catalog
         sources = {name: source.model for name, source in catalog.sources.items()}
-        return {"model": catalog.default, "sources": sources, "auth": auth} | (
-            status() if status else {}
-        )
+        return {"model": catalog.default, "sources": sources, "auth": auth} | status()
 
     @api.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -598,41 +600,79 @@ def _info_routes(
         }
 
 
-def create_api(
-    service: RerankService | None,
-    score: ScoreFn,
-    *,
-    api_key: str | tuple[str, ...] | None = None,
-    status: Callable[[], dict[str, Any]] | None = None,
-    screen: ScreenFn | None = None,
-    healthy: Callable[[], bool] | None = None,
-    fitted_fusion: FusionConfig | None = None,
-    extra_routes: Callable[[FastAPI, Callable[..., Awaitable[Any]]], None] | None = None,
-    metrics: Recorder | None = None,
-    models: ModelRouter | None = None,
-    limits: Limits | None = None,
-) -> FastAPI:
-    """The HTTP app; ``score(job, client)`` scores one prepared job (batched by the caller if it
-    wants) or raises :class:`Overloaded`; ``screen`` refuses work before a request body is
-    read; ``api_key`` is one key or several (any of them is accepted; each is a client of its
-    own for fairness); ``healthy`` says whether ``/health`` answers ok; ``fitted_fusion`` is the
-    served checkpoint's fitted fusion, what ``fusion: auto`` means (see
-    :mod:`acare_ray.online.fusion_fields`); ``extra_routes(app, run)`` adds more routes that
-    score through the same ``run`` (``/v1/search``, always the default model); ``metrics`` (if
-    given) records requests and what they scored (:mod:`acare_ray.online.metrics`).
+class Replica(Protocol):
+    """The one object the app's routes call (the Serve replica, or :class:`OneModel`): the
+    served models, the app-wide limits and API keys, and the replica's own hooks."""
 
-    ``models``: the served models (:mod:`acare_ray.online.models`), of which a request picks
-    one by name (then ``service`` may be None, and ``limits`` gives the app-wide limits); None:
-    ``service`` (with ``fitted_fusion``) is the one model."""
-    if models is None:
-        if service is None:
-            raise ValueError("create_api: give a service or models")
-        models = StaticModels.single(service, fitted_fusion)
-    if limits is None:
-        if service is None:
-            raise ValueError("create_api: give limits with models and no service")
-        limits = service.limits
-    keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
+    models: ModelRouter
+    limits: Limits
+    api_keys: tuple[str, ...]
+    metrics: Recorder | None
+
+    def status(self) -> dict[str, Any]:
+        """What ``/v1/status`` reports about the replica."""
+
+    def screen(self, client: str) -> Overloaded | None:
+        """A refusal before the body is read (over the deadline, the client's share), or None."""
+
+    def healthy(self) -> bool:
+        """Whether ``/health`` answers ok (the last model check passed)."""
+
+    def add_routes(self, api: FastAPI, run: Callable[..., Awaitable[Any]]) -> None:
+        """More routes that score through ``run`` (``/v1/search``: the default model)."""
+
+
+class OneModel:
+    """A :class:`Replica` around one :class:`RerankService`, scored by ``score(job, client)``
+    (batched by the caller if it wants; may raise :class:`Overloaded`): the app of the MCP
+    server and of the tests. ``api_key``: one key or several (each a client of its own for
+    fairness); ``fitted_fusion``: what ``fusion: auto`` means
+    (:mod:`acare_ray.online.fusion_fields`); ``extra_routes(app, run)`` adds routes;
+    ``metrics`` records requests and what they scored (:mod:`acare_ray.online.metrics`)."""
+
+    def __init__(
+        self,
+        service: RerankService,
+        score: ScoreFn | None,
+        *,
+        api_key: str | tuple[str, ...] | None = None,
+        status: Callable[[], dict[str, Any]] | None = None,
+        screen: ScreenFn | None = None,
+        healthy: Callable[[], bool] | None = None,
+        fitted_fusion: FusionConfig | None = None,
+        extra_routes: Callable[[FastAPI, Callable[..., Awaitable[Any]]], None] | None = None,
+        metrics: Recorder | None = None,
+    ) -> None:
+        self.models = StaticModels.single(service, fitted_fusion, score)
+        self.limits = service.limits
+        self.api_keys = parse_keys(api_key) if isinstance(api_key, str) else tuple(api_key or ())
+        self.metrics = metrics
+        self._status, self._screen, self._healthy = status, screen, healthy
+        self._extra_routes = extra_routes
+
+    def status(self) -> dict[str, Any]:
+        return self._status() if self._status else {}
+
+    def screen(self, client: str) -> Overloaded | None:
+        return self._screen(client) if self._screen else None
+
+    def healthy(self) -> bool:
+        return self._healthy() if self._healthy else True
+
+    def add_routes(self, api: FastAPI, run: Callable[..., Awaitable[Any]]) -> None:
+        if self._extra_routes is not None:
+            self._extra_routes(api, run)
+
+
+def single_model_api(service: RerankService, score: ScoreFn | None, **options: Any) -> FastAPI:
+    """The app of one model: :func:`create_api` of a :class:`OneModel` (options as there)."""
+    return create_api(OneModel(service, score, **options))
+
+
+def create_api(replica: Replica) -> FastAPI:
+    """The HTTP app; every route reads ``replica`` (:class:`Replica`): a request picks one of
+    ``replica.models`` by name and is scored by that model's own ``score``."""
+    models, limits, keys = replica.models, replica.limits, replica.api_keys
     api = FastAPI(
         title="acare_ray reranker",
         version="1",
@@ -646,18 +686,18 @@ def create_api(
         Gate,
         api_keys=keys,
         max_body_bytes=limits.max_body_bytes,
-        screen=screen,
+        screen=replica.screen,
         body_read_timeout_s=limits.body_read_timeout_s,
     )
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(ClientError, _client_error)
     api.add_exception_handler(Overloaded, _overloaded)
     api.add_exception_handler(HTTPException, _http_error)
-    scoring = _Scoring(models, score, metrics)
-    if extra_routes is not None:
-        extra_routes(api, scoring.run)
+    metrics = replica.metrics
+    scoring = _Scoring(models, metrics)
+    replica.add_routes(api, scoring.run)
     _rerank_routes(api, scoring, limits.max_documents)
-    _info_routes(api, models, bool(keys), status, healthy, limits)
+    _info_routes(api, models, bool(keys), replica.status, replica.healthy, limits)
     if metrics is not None:  # outermost: sees what the gate refuses too
         paths = {getattr(route, "path", "") for route in api.routes}
         api.add_middleware(

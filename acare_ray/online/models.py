@@ -134,7 +134,7 @@ ScoreFn = Callable[[ScoringJob, str], Awaitable[Any]]
 @dataclass
 class Served:
     """One loaded model as a request uses it. ``score``: how to score a job on this model
-    (None: the app's own ``score``); ``version``: the Hub revision, or a fingerprint of the
+    (None: it cannot be scored, a model card only); ``version``: the Hub revision, or a fingerprint of the
     checkpoint directory's files (None for an unpinned Hub id)."""
 
     name: str
@@ -191,10 +191,13 @@ class StaticModels:
         self.catalog = catalog
 
     @classmethod
-    def single(cls, service: RerankService, fitted_fusion: Any = None) -> StaticModels:
-        """The one model of an app built around one :class:`RerankService` (not strict)."""
+    def single(
+        cls, service: RerankService, fitted_fusion: Any = None, score: ScoreFn | None = None
+    ) -> StaticModels:
+        """The one model of an app built around one :class:`RerankService` (not strict),
+        scored by ``score``."""
         name = service.model_name
-        served = Served(name, service, fitted_fusion, None)
+        served = Served(name, service, fitted_fusion, None, score=score)
         source = ModelSource(service.scorer.source or name)
         return cls({name: served}, ModelCatalog({name: source}, name, strict=False))
 

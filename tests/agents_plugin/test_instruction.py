@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import Scored, single_model_api
 from acare_ray.online.service import RerankService, Search
 from acare_ray.request_errors import ClientError
 from acare_ray.scoring import AgentContext, Mode
@@ -69,7 +69,7 @@ def app_for(scorer):
         (scores,) = service.score([job])
         return Scored(scores)
 
-    return service, TestClient(create_api(service, score))
+    return service, TestClient(single_model_api(service, score))
 
 
 def tokens_scored(scorer, context, documents) -> int:

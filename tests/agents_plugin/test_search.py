@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from acare_ray.cli import main
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.fusion import FusionConfig, fuse
-from acare_ray.online.http import Scored, client_of, create_api
+from acare_ray.online.http import Scored, client_of, single_model_api
 from acare_ray.online.search_routes import SearchSettings, search_routes
 from acare_ray.online.service import Limits, RerankService
 from acare_ray.request_errors import ClientError
@@ -48,7 +48,7 @@ def make_app(scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8):
         max_documents=50,
         client_of=client_of,
     )
-    app = create_api(service, score, api_key=keys, extra_routes=routes)
+    app = single_model_api(service, score, api_key=keys, extra_routes=routes)
     return TestClient(app), received
 
 

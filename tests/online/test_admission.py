@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from online_support import admission_screen, admitted_scoring
 
 from acare_ray.online.admission import Admission, Overloaded
-from acare_ray.online.http import create_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.service import RerankService
 
 DOCUMENTS = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
@@ -123,7 +123,9 @@ def service(tiny_scorer) -> RerankService:
 def app_with(service: RerankService, admission: Admission, screens: bool = True) -> TestClient:
     """The HTTP app with admission wired the way the deployment wires it, scoring inline."""
     screen = admission_screen(admission) if screens else None
-    return TestClient(create_api(service, admitted_scoring(service, admission), screen=screen))
+    return TestClient(
+        single_model_api(service, admitted_scoring(service, admission), screen=screen)
+    )
 
 
 @pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank", "/rerank"])
@@ -146,7 +148,9 @@ def test_a_refused_request_gets_503_with_retry_after(service, path, where):
 def test_an_unauthorized_request_gets_401_not_503(service):
     admission = Admission(deadline_s=1.0, prior_tokens_per_s=1.0)
     admission.admit(1000)
-    client = TestClient(create_api(service, None, api_key="k", screen=admission_screen(admission)))
+    client = TestClient(
+        single_model_api(service, None, api_key="k", screen=admission_screen(admission))
+    )
     response = client.post("/rerank", json={"query": "q", "texts": DOCUMENTS})
     assert response.status_code == 401
 

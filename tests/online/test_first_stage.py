@@ -20,7 +20,7 @@ from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, QUESTION, REASONING
 
 from acare_ray.fusion import FusionConfig, fuse
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import Scored, single_model_api
 from acare_ray.online.service import RerankService, Search
 
 # The last document repeats the first: equal scores, so the tie rule shows.
@@ -42,7 +42,7 @@ def client_for(service, **options) -> TestClient:
             raise scores
         return Scored(scores)
 
-    return TestClient(create_api(service, score, **options))
+    return TestClient(single_model_api(service, score, **options))
 
 
 def scored(service, search: Search) -> tuple[np.ndarray, int, str]:

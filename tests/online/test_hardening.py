@@ -16,7 +16,7 @@ from online_support import admission_screen, admitted_scoring
 
 from acare_ray.online.admission import Admission
 from acare_ray.online.app_args import AppArgs
-from acare_ray.online.http import create_api, parse_keys
+from acare_ray.online.http import parse_keys, single_model_api
 from acare_ray.online.service import Limits, RerankService, Search
 from acare_ray.scoring import AgentContext
 
@@ -32,7 +32,7 @@ def service(tiny_scorer) -> RerankService:
 
 def app(service, admission=None, **options) -> TestClient:
     admission = admission or Admission(deadline_s=10.0, prior_tokens_per_s=1e6)
-    return TestClient(create_api(service, admitted_scoring(service, admission), **options))
+    return TestClient(single_model_api(service, admitted_scoring(service, admission), **options))
 
 
 def test_the_token_cap_refuses_before_anything_is_tokenized(service, monkeypatch):
@@ -92,7 +92,9 @@ def test_the_score_api_holds_max_documents_too(service, first):
 
 def test_a_body_that_never_arrives_gets_408(service):
     """Pins issue 21.3: there was no body-read deadline."""
-    api = create_api(RerankService(service.scorer, "x", Limits(body_read_timeout_s=0.05)), None)
+    api = single_model_api(
+        RerankService(service.scorer, "x", Limits(body_read_timeout_s=0.05)), None
+    )
     sent = []
 
     async def run():

@@ -31,7 +31,7 @@ from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.app_args import AppArgs
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import Scored, single_model_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import RerankService
 from acare_ray.request_errors import ClientError
@@ -219,7 +219,7 @@ def test_without_a_model_the_default_answers_exactly_as_a_one_model_app_of_it(
         (scores,) = await asyncio.to_thread(service.score, [job])
         return Scored(scores)
 
-    alone = TestClient(create_api(service, score)).post("/v2/rerank", json=BODY)
+    alone = TestClient(single_model_api(service, score)).post("/v2/rerank", json=BODY)
     assert alone.status_code == 200
     got, want = response.json(), alone.json()
     assert got.pop("id") != want.pop("id")

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import Scored, single_model_api
 from acare_ray.online.metrics import METRICS, OTHER_ROUTE, exported_names
 from acare_ray.online.service import Limits, RerankService
 
@@ -48,7 +48,7 @@ def client(service, recorder, api_key=None) -> TestClient:
         (scores,) = await asyncio.to_thread(service.score, [job])
         return Scored(scores)
 
-    return TestClient(create_api(service, score, api_key=api_key, metrics=recorder))
+    return TestClient(single_model_api(service, score, api_key=api_key, metrics=recorder))
 
 
 def test_requests_are_counted_by_route_template_status_class_and_mode(service):
@@ -108,7 +108,7 @@ def test_a_route_that_raises_counts_as_5xx(service):
     async def broken(job, _client):
         raise RuntimeError("model thread died")
 
-    api = create_api(service, broken, metrics=recorder)
+    api = single_model_api(service, broken, metrics=recorder)
     response = TestClient(api, raise_server_exceptions=False).post(
         "/rerank", json={"query": "q", "texts": ["x"]}
     )
