@@ -58,7 +58,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "log_every": 10,
     "max_length": 320,
     "cpu_bf16": True,
-    "time_budget_s": 3600.0,
+    "time_budget_s": 7200.0,
 }
 
 
