@@ -45,8 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     seed_dir = config.work / f"seed{args.seed}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from report import REPO, dump_json  # benchmarks/ is the script's own folder
+
     if (seed_dir / "report.md").exists():
-        shutil.copyfile(seed_dir / "report.md", out / f"adopt-seed{args.seed}.md")
+        text = (seed_dir / "report.md").read_text().replace(f"{REPO}/", "")
+        (out / f"adopt-seed{args.seed}.md").write_text(text)
+        if (seed_dir / "report.png").exists():
+            shutil.copyfile(seed_dir / "report.png", out / f"adopt-seed{args.seed}.png")
         stages = {}
         for stage in ("data", "baseline"):
             path = config.work / f"{stage}.json"
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in sorted(seed_dir.glob("*.json")):
             stages[path.stem] = json.loads(path.read_text())
         record = {"command": "acare " + " ".join(command), **stages}
-        (out / f"adopt-seed{args.seed}.json").write_text(json.dumps(record, indent=1) + "\n")
+        dump_json(record, out / f"adopt-seed{args.seed}.json")  # repository paths relative
     return 0
 
 

@@ -468,30 +468,28 @@ def run_stages(config: AdoptConfig, stages: tuple[str, ...]) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
 
-    def stage(name: str, fn, *args) -> dict[str, Any]:
+    def stage(name: str, fn, *args, ray: bool = False) -> dict[str, Any]:
         found = done(config, name)
         if found is not None:
             return found
         log.info("[adopt] stage %s", name)
         started = time.perf_counter()
-        result = fn(config, *args)
+        result = _with_ray(config, lambda: fn(config, *args)) if ray else fn(config, *args)
         result["stage_seconds"] = time.perf_counter() - started
         return finish(config, name, result)
 
     wanted = set(stages)
     results["data"] = stage("data", data_stage)
     if "baseline" in wanted:
-        results["baseline"] = _with_ray(config, lambda: stage("baseline", baseline_stage))
+        results["baseline"] = stage("baseline", baseline_stage, ray=True)
     later = {"train", "fit", "test", "cost", "loop", "report"}
     if wanted & later:
-        results["train"] = _with_ray(config, lambda: stage("train", train_stage))
+        results["train"] = stage("train", train_stage, ray=True)
         checkpoint = results["train"]["checkpoint"]
     if wanted & (later - {"train"}):
-        results["fit"] = _with_ray(config, lambda: stage("fit", fit_stage, checkpoint))
+        results["fit"] = stage("fit", fit_stage, checkpoint, ray=True)
     if wanted & {"test", "report"}:
-        results["test"] = _with_ray(
-            config, lambda: stage("test", test_stage, checkpoint, results["fit"])
-        )
+        results["test"] = stage("test", test_stage, checkpoint, results["fit"], ray=True)
     if "cost" in wanted or "report" in wanted:
         results["cost"] = stage("cost", cost_stage, checkpoint)
     if config.loop and ("loop" in wanted or "report" in wanted):
