@@ -90,3 +90,18 @@ def test_refused_inputs_name_their_field_in_attributes_not_only_in_text():
     )
     assert str(caught.value) == "documents[2] is empty"
     assert isinstance(caught.value, ValueError)  # callers catching ValueError still do
+
+
+def test_a_field_error_survives_pickling_with_its_fields():
+    """Ray ships a worker's error to the driver by pickling it."""
+    import pickle
+
+    from acare_ray.scoring.context import FieldError
+
+    err = pickle.loads(pickle.dumps(FieldError("documents", "is empty", 3)))
+    assert (err.field, err.detail, err.index, str(err)) == (
+        "documents",
+        "is empty",
+        3,
+        "documents[3] is empty",
+    )

@@ -42,6 +42,10 @@ class FieldError(ValueError):
         name = field if index is None else f"{field}[{index}]"
         super().__init__(message or f"{name} {detail}")
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its own fields (Ray ships errors between processes by pickling them).
+        return (type(self), (self.field, self.detail, self.index, str(self)))
+
 
 class Mode(str, Enum):
     M0 = "M0"
