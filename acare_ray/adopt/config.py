@@ -26,7 +26,7 @@ settings of each stage.
     fusion: {folds: 5, confidence: 0.95}  # the safety rule
     cost: {candidates: [50, 100], searches: 20}
 
-``${data}`` is the data folder (``$ACARE_DATA_DIR``, default ``../shared/data``); other relative
+``${data}`` is the data folder (:func:`acare_ray.data.io.data_dir`, set by ``$ACARE_DATA_DIR``); other relative
 paths are relative to the directory ``acare adopt`` runs in. Unknown keys are errors.
 """
 
