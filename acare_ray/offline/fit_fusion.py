@@ -136,14 +136,13 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
         "errored_rows": errored.get(config.mode, 0),
     }
     configs = grid(config.methods, config.k)
+    question_of = load_questions(config.input)  # read once: the folds and the calibration's
     if config.rule == "best":
         best, table = fit(searches, qrels, configs, config.measure)
         fitted["value"] = max(row[config.measure] for row in table)
         fitted["searches"] = sum(any(r > 0 for r in qrels.get(q, {}).values()) for q in searches)
     else:
-        safe = fit_safely(
-            searches, qrels, configs, load_questions(config.input), config.measure, config.safety
-        )
+        safe = fit_safely(searches, qrels, configs, question_of, config.measure, config.safety)
         best, table = safe.stored, safe.grid
         fitted.update(safe.fitted(), safety=config.safety.as_dict())
         chosen_row = next(r for r in table if r["fusion"] == safe.chosen.label)
@@ -151,7 +150,7 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
             chosen_row[config.measure] if safe.decision == "fused" else safe.first_stage
         )
     result = {"fusion": best.as_dict(), "label": best.label, "fitted": fitted, "grid": table}
-    result["calibration"] = fit_calibration(searches, qrels, load_questions(config.input), config)
+    result["calibration"] = fit_calibration(searches, qrels, question_of, config)
     if config.write:
         result["stored_in"] = str(write_fusion(config.model, best, fitted))
         if result["calibration"].get("a") is not None:
