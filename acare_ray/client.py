@@ -11,7 +11,11 @@ counted from the call's first attempt; a connection error is retried after
 the same way (``server_errors`` counts those resent): that is what a request gets from Ray
 Serve's proxy when the replica holding it dies before answering (a replica killed, its node
 lost), and scoring is a pure function, so a second try cannot do anything twice. Searches and
-deletes are not resent on a 5xx (a session may have recorded the first try). Any other error
+deletes are not resent on a 5xx (a session may have recorded the first try). Any call answered
+408 is resent the same way: the server refused it before running it because its body did not
+arrive, which is also what a request gets when Ray Serve hands it, after its first replica died,
+to another replica without the body the first one had already read (it waits the server's
+``body_read_timeout_s``, then 408). Any other error
 status, or a call still refused when its budget runs out, raises :class:`AcareError` with the
 status and the server's message. ``refused`` counts the 503/429 answers received (shared by all
 threads or tasks).
@@ -33,6 +37,8 @@ import httpx
 RETRY_STATUSES = frozenset({429, 503})
 # Resent, a bounded number of times, for calls that are safe to repeat (rerank).
 SERVER_ERROR_STATUSES = frozenset({500, 502})
+# Resent for every call: the server did not run it (its body never arrived).
+NOT_RUN_STATUSES = frozenset({408})
 
 
 class AcareError(RuntimeError):
@@ -245,8 +251,9 @@ class _Base:
 
     def _server_failed(self, response: httpx.Response, idempotent: bool) -> bool:
         """Whether to send a call answered ``response`` again: a 500/502 to a call safe to
-        repeat (counted in ``server_errors``)."""
-        if not idempotent or response.status_code not in SERVER_ERROR_STATUSES:
+        repeat, a 408 to any call (counted in ``server_errors``)."""
+        status = response.status_code
+        if status not in NOT_RUN_STATUSES and not (idempotent and status in SERVER_ERROR_STATUSES):
             return False
         with self._count:
             self.server_errors += 1

@@ -175,7 +175,7 @@ class EndpointReranker:
     503 and 429 answers (an overloaded server asking to come back later) are retried after
     their ``Retry-After`` (default 1 s) for as long as ``retry_budget_s`` allows, counted from
     the search's first attempt, as an agent harness waits on a busy service; connection errors
-    and 500/502 answers (a replica that died holding the request) are retried after 1 s, at
+    and 500/502/408 answers (a replica that died holding the request) are retried after 1 s, at
     most ``retries`` times. Any other error status, or a search still
     refused when its budget runs out, raises :class:`EndpointError` with the body. ``refused``
     counts the 503/429 answers received. One client is shared by all threads.
@@ -209,7 +209,7 @@ class EndpointReranker:
 
     @property
     def server_errors(self) -> int:
-        """500/502 answers resent (a replica that died holding the search)."""
+        """500/502/408 answers resent (a replica that died holding the search)."""
         return self.client.server_errors
 
     def body(self, request: RerankRequest, top_n: int) -> dict[str, Any]:

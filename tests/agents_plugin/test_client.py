@@ -185,6 +185,30 @@ def test_a_search_answered_500_is_not_sent_again():
     assert len(seen) == 1 and client.server_errors == 0
 
 
+def test_any_call_answered_408_is_sent_again_since_the_server_never_ran_it():
+    """A 408 means the body did not arrive, so nothing ran: a search is resent too. Ray Serve
+    answers one (through our body deadline) when it hands a request whose replica died to
+    another replica without the body the first had read (a CI run of the replica-kill test)."""
+    seen: list[httpx.Request] = []
+    lost = httpx.Response(408, json={"message": "body: not received within 30 s"})
+    answers = [
+        lost,
+        httpx.Response(200, json={"results": [], "session_id": "s", "mode": "M3", "usage": {}}),
+    ]
+    client = AcareClient(
+        "http://acare.test",
+        retries=1,
+        connect_retry_wait_s=0,
+        transport=httpx.MockTransport(scripted(answers, seen)),
+    )
+    client.search("q", session_id="s")
+    assert len(seen) == 2 and client.server_errors == 1
+    answers[:] = [lost, lost]
+    with pytest.raises(AcareError, match="HTTP 408") as err:
+        client.rerank("q", ["a"])
+    assert err.value.status == 408 and len(seen) == 4 and client.server_errors == 2
+
+
 def test_the_async_client_resends_a_rerank_answered_500():
     seen: list[httpx.Request] = []
     answers = [
