@@ -143,11 +143,10 @@ def build_server(client: Any, name: str = "acare") -> Any:
 def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     """An :class:`AsyncAcareClient` wired to the service app built here (no Ray, no network)."""
     import httpx
-    import numpy as np
 
     from acare_ray.checkpoint_settings import read_fusion
     from acare_ray.client import AsyncAcareClient
-    from acare_ray.online.http import Scored, client_of, single_model_api
+    from acare_ray.online.http import client_of, inline_score, single_model_api
     from acare_ray.online.models import short_model_name
     from acare_ray.online.search_routes import SearchSettings, search_routes
     from acare_ray.online.service import RerankService
@@ -159,14 +158,6 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     service = RerankService(scorer, short_model_name(model))
     settings = SearchSettings(index=str(index))
 
-    async def score(job, client) -> Scored:
-        import asyncio
-
-        (scores,) = await asyncio.to_thread(service.score, [job])
-        if isinstance(scores, Exception):
-            raise scores
-        return Scored(np.asarray(scores))
-
     routes = search_routes(
         settings.first_stage(),
         LocalSessions(),
@@ -175,7 +166,9 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
         client_of=client_of,
         fitted_fusion=fitted,
     )
-    app = single_model_api(service, score, extra_routes=routes, fitted_fusion=fitted)
+    app = single_model_api(
+        service, inline_score(service), extra_routes=routes, fitted_fusion=fitted
+    )
     return AsyncAcareClient("http://acare.local", transport=httpx.ASGITransport(app=app))
 
 

@@ -17,6 +17,7 @@ from acare_ray.scoring import (
     Backend,
     Mode,
     PromptConfig,
+    ScoredSearch,
     Scorer,
     TokenLayout,
     score_isolated,
@@ -47,13 +48,14 @@ class WordOverlapBackend(Backend):
     def load(cls, request: LoadRequest) -> WordOverlapBackend:
         return cls(request)
 
-    def score_searches(self, searches: list[Search], cancel=None) -> list[np.ndarray]:
+    def score_searches(self, searches: list[Search], cancel=None) -> list[ScoredSearch]:
         out = []
         for context, _, docs in searches:
             if any("explode" in d for d in docs):
                 raise RuntimeError("this search makes the backend fail")
             words = _words(context.sub_query)
-            out.append(np.array([len(words & _words(d)) for d in docs], np.float32))
+            scores = np.array([len(words & _words(d)) for d in docs], np.float32)
+            out.append(ScoredSearch(scores, sum(len(_words(d)) for d in docs)))
         return out
 
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:

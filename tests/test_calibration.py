@@ -17,7 +17,7 @@ from acare_ray.calibration import (
     held_out_ece,
 )
 from acare_ray.checkpoint_settings import read_calibration, write_calibration
-from acare_ray.online.http import Scored, single_model_api
+from acare_ray.online.http import inline_score, single_model_api
 from acare_ray.online.service import RerankService
 
 
@@ -61,11 +61,7 @@ def test_a_calibrated_checkpoints_relevance_is_the_stored_calibration_of_score(
     assert set(calibration) == {"M3"}
     service = RerankService(tiny_scorer, "tiny", calibration=calibration)
 
-    async def score(job, client):
-        (scores,) = service.score([job])
-        return Scored(scores, 1)
-
-    client = TestClient(single_model_api(service, score))
+    client = TestClient(single_model_api(service, inline_score(service)))
     docs = ["Paris is in France.", "Bread is baked.", "The Seine flows through Paris."]
     context = {"original_question": "Which river?", "reasoning": "Paris has a river."}
     m3 = client.post("/v1/rerank", json={"query": "river", "documents": docs, **context})

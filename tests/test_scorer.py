@@ -41,6 +41,40 @@ def test_score_many_equals_score_per_search(tiny_scorer):
     assert many[2].shape == (0,)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_score_resolved_returns_the_scores_and_the_tokens_really_computed(tiny_qwen3_dir, packed):
+    """The online path: the mode chosen by the caller, scores as ``score`` gives them and the
+    tokens the model computed per search (the usage a server answers, with no second
+    tokenization), on the per-search and the packed paths."""
+    scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", pack_searches=packed)
+    other = AgentContext("Velmoria capital")
+    searches = [
+        (CONTEXT, Mode.M3, DOCUMENTS),
+        (other, Mode.M0, DOCUMENTS[:2]),
+        (other, Mode.M0, []),
+    ]
+    alone = []
+    for context, mode, docs in searches:
+        before = scorer.stats.real_tokens
+        scores = scorer.score(context, docs, mode)
+        alone.append((scores, scorer.stats.real_tokens - before))
+    before = scorer.stats.real_tokens
+    out = scorer.score_resolved(searches)
+    assert sum(o.tokens for o in out) == scorer.stats.real_tokens - before
+    for got, (scores, tokens) in zip(out, alone):
+        np.testing.assert_allclose(got.scores, scores, atol=1e-5)
+        assert got.tokens == tokens
+    assert out[2].tokens == 0 and out[2].scores.shape == (0,)
+
+
+def test_score_resolved_takes_a_concrete_mode_whose_fields_are_there(tiny_scorer):
+    with pytest.raises(ValueError, match="concrete mode"):
+        tiny_scorer.score_resolved([(CONTEXT, "auto", DOCUMENTS)])
+    with pytest.raises(ValueError, match="reasoning") as err:
+        tiny_scorer.score_resolved([(AgentContext("q", question="Q"), Mode.M3, DOCUMENTS)])
+    assert err.value.field == "reasoning"
+
+
 @pytest.mark.parametrize("budget", [64, 400, 100_000])
 def test_packed_searches_score_as_one_search_at_a_time(tiny_qwen3_dir, tiny_scorer, budget):
     """Packing small searches into shared forwards (pack_searches) changes no score: mixed

@@ -17,7 +17,15 @@ import pyarrow.compute as pc
 
 from acare_ray.fusion import FusionConfig
 from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
-from acare_ray.scoring import AgentContext, Mode, Scorer, parse_mode, rank_order, score_isolated
+from acare_ray.scoring import (
+    AgentContext,
+    Mode,
+    Scorer,
+    parse_mode,
+    rank_order,
+    score_isolated,
+    score_resolved_isolated,
+)
 
 RELABEL_OUTPUT = (
     TRAINING_GROUPS.insert(0, pa.field("search_id", pa.string()))
@@ -143,12 +151,13 @@ def rerank_mode(
         except ValueError as err:
             message = f"search_id={item.search_id}: {err}"
             out[i] = error_row(item.search_id, name, message, fusion)
-    items = [(s.context, [c.text for c in s.candidates]) for _, s, _ in ready]
-    for (i, search, resolved), scores in zip(ready, score_isolated(scorer, items, requested)):
-        if isinstance(scores, Exception):
-            message = _failure(search.search_id, scores)
+    items = [(s.context, resolved, [c.text for c in s.candidates]) for _, s, resolved in ready]
+    for (i, search, resolved), scored in zip(ready, score_resolved_isolated(scorer, items)):
+        if isinstance(scored, Exception):
+            message = _failure(search.search_id, scored)
             out[i] = error_row(search.search_id, resolved, message, fusion)
             continue
+        scores = scored.scores
         candidates = search.candidates
         try:
             out[i] = rerank_row(

@@ -344,7 +344,10 @@ class Reranker:
             )
         self.stats.record(len(items))
         results = [by_item.get(id(item), Cancelled("cancelled before scoring")) for item in items]
-        return [r if isinstance(r, Exception) else Scored(r, len(items)) for r in results]
+        return [
+            r if isinstance(r, Exception) else Scored(r.scores, r.tokens, len(items))
+            for r in results
+        ]
 
 
 def _search_routes(config: AppArgs, sessions: Any, max_documents: int, fitted: Any = None):

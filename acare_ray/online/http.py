@@ -100,13 +100,30 @@ def client_of(request: Request) -> str:
 
 @dataclass(frozen=True)
 class Scored:
-    """Scores of one job (log-odds, input order) and how many requests its batch held."""
+    """Scores of one job (log-odds, input order), the tokens the model computed for it (the
+    usage answered) and how many requests its batch held."""
 
     scores: np.ndarray
+    tokens: int
     batch_requests: int = 1
 
 
 ScoreFn = Callable[[ScoringJob, str], Awaitable[Scored]]
+
+
+def inline_score(service: RerankService) -> ScoreFn:
+    """A ``score`` for an app without batching or admission (the MCP server's; tests): each job
+    scored alone on a worker thread; a job the service answers with an error raises it."""
+
+    async def score(job: ScoringJob, client: str) -> Scored:
+        (out,) = await asyncio.to_thread(service.score, [job])
+        if isinstance(out, Exception):
+            raise out
+        return Scored(out.scores, out.tokens)
+
+    return score
+
+
 ScreenFn = Callable[[str], Overloaded | None]
 
 
@@ -374,7 +391,7 @@ class _Scoring:
             scored = await served.score(job, client_of(request))
         except ValueError as err:  # the scorer refused the job: the client's field, as sent
             raise scoring_refusal(search, err) from None
-        tokens = await asyncio.to_thread(service.tokens_scored, job)
+        tokens = scored.tokens
         response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
         response.headers["x-acare-tokens"] = str(tokens)
         if self.metrics is not None:

@@ -29,10 +29,11 @@ from acare_ray.scoring import (
     CancelFn,
     FieldError,
     Mode,
+    ScoredSearch,
     Scorer,
     TokenLayout,
     parse_mode,
-    score_isolated,
+    score_resolved_isolated,
 )
 from acare_ray.scoring.golden import GoldenCase, verify
 
@@ -298,16 +299,18 @@ class RerankService:
 
     def score(
         self, jobs: Sequence[ScoringJob], cancel: CancelFn | None = None
-    ) -> list[np.ndarray | Exception]:
-        """Log-odds per job, documents in input order, all jobs in one scorer call.
+    ) -> list[ScoredSearch | Exception]:
+        """Per job its log-odds (documents in input order) and the tokens the model computed
+        (the usage a response reports), all jobs in one scorer call in the mode each was
+        prepared for.
 
         Jobs are validated already; should the scorer still fail one (any exception, an
         out-of-memory error retried at a smaller batch first: :func:`score_isolated`), only
         that job gets the exception. ``cancel`` is checked before every forward pass; when it
         says stop, :class:`~acare_ray.scoring.backend.Cancelled` is raised.
         """
-        items = [(job.context, list(job.documents)) for job in jobs]
-        return score_isolated(self.scorer, items, AUTO, cancel=cancel)
+        searches = [(job.context, job.mode, list(job.documents)) for job in jobs]
+        return score_resolved_isolated(self.scorer, searches, cancel=cancel)
 
     def relevance(self, scores: np.ndarray, mode: Mode) -> tuple[np.ndarray, bool]:
         """The 0..1 relevance of ``scores`` read in ``mode``: the checkpoint's calibration for
@@ -327,16 +330,6 @@ class RerankService:
         scores = self.scorer.score(AgentContext("health"), ["ok"], Mode.M0)
         if scores.shape != (1,) or not np.isfinite(scores).all():
             raise RuntimeError(f"health probe scored {scores!r}")
-
-    def tokens_scored(self, job: ScoringJob) -> int:
-        """The tokens the model really computes for ``job`` (exact, unlike ``job.tokens``): what
-        a response reports as usage. Tokenizes the job's documents, so call it off the model
-        thread."""
-        if not job.documents:
-            return 0
-        counts = self.layout.count(job.documents)
-        # A document longer than the limit is cut by the scorer to exactly `limit` tokens.
-        return self.layout.cost(job.context_tokens, [min(c, job.limit) for c in counts])
 
     def describe(self) -> dict:
         """What ``/v1/models`` reports about the loaded model."""

@@ -3,12 +3,13 @@
 Its public surface, each in one place:
 
 - :class:`~acare_ray.scoring.scorer.Scorer` (``from_pretrained``, ``score``, ``score_many``,
-  ``rank``, ``render``) and :class:`~acare_ray.scoring.context.AgentContext` /
+  ``score_resolved``, ``rank``, ``render``) and :class:`~acare_ray.scoring.context.AgentContext` /
   :class:`~acare_ray.scoring.context.Mode`;
 - :class:`~acare_ray.scoring.config.ScorerConfig`: every setting and its default;
 - :class:`~acare_ray.scoring.backend.Backend` and the registry
   :data:`~acare_ray.scoring.backend.BACKENDS` (``causal_lm``, ``cross_encoder``);
-- :func:`~acare_ray.scoring.errors.score_isolated`: the error policy every caller scores through;
+- :func:`~acare_ray.scoring.errors.score_isolated` (and ``score_resolved_isolated``, for modes
+  already chosen, with token counts): the error policy every caller scores through;
 - :class:`~acare_ray.scoring.tokens.TokenLayout`: token accounting and document truncation
   before scoring (the online service).
 
@@ -19,7 +20,14 @@ pre-cut), :mod:`~acare_ray.scoring.batching` (the token-budget planner),
 docs/architecture.md draws how they fit.
 """
 
-from acare_ray.scoring.backend import BACKENDS, Backend, BackendStats, CancelFn, Cancelled
+from acare_ray.scoring.backend import (
+    BACKENDS,
+    Backend,
+    BackendStats,
+    CancelFn,
+    Cancelled,
+    ScoredSearch,
+)
 from acare_ray.scoring.config import (
     ACARE_CONFIG_FILE,
     DEFAULT_MODEL,
@@ -37,7 +45,7 @@ from acare_ray.scoring.context import (
     Mode,
     parse_mode,
 )
-from acare_ray.scoring.errors import is_out_of_memory, score_isolated
+from acare_ray.scoring.errors import is_out_of_memory, score_isolated, score_resolved_isolated
 from acare_ray.scoring.scorer import Ranking, Scorer, check_documents, rank_order
 from acare_ray.scoring.tokens import TokenLayout
 
@@ -57,6 +65,7 @@ __all__ = [
     "Mode",
     "PromptConfig",
     "Ranking",
+    "ScoredSearch",
     "Scorer",
     "ScorerConfig",
     "TokenLayout",
@@ -67,4 +76,5 @@ __all__ = [
     "read_acare_config",
     "resolve_model_path",
     "score_isolated",
+    "score_resolved_isolated",
 ]

@@ -10,7 +10,8 @@ asks which backend it is:
 - loading: :meth:`Backend.load` builds one from a :class:`LoadRequest`; :meth:`Backend.accepts`
   says whether a model's architecture is this backend's (``backend="auto"``);
 - inference (the Scorer, the offline actors, the online service): :meth:`Backend.score_searches`
-  and :meth:`Backend.render`, with ``stats`` counting real and computed tokens;
+  (scores and the tokens computed, per search: usage is read from the one tokenization) and
+  :meth:`Backend.render`, with ``stats`` counting real and computed tokens;
 - training (:mod:`acare_ray.training`): :meth:`Backend.trainable_module` is the differentiable
   scoring function inference uses, :meth:`Backend.collate_groups` makes its inputs for LCE groups;
 - checkpoints: :attr:`Backend.hf_model` and :attr:`Backend.tokenizer` are what is saved,
@@ -52,6 +53,16 @@ BACKENDS: dict[str, str] = {
 }
 """Backend name -> ``module:class``, imported on first use. ``backend="auto"`` takes the first
 whose :meth:`Backend.accepts` says yes to the model's architectures."""
+
+
+@dataclass(frozen=True)
+class ScoredSearch:
+    """One search scored: float32 log-odds (documents in input order) and the tokens the model
+    computed for it (:meth:`Backend.request_cost` of what was really scored: the shared prefix
+    once on the causal backend, every pair whole on a cross-encoder)."""
+
+    scores: np.ndarray
+    tokens: int
 
 
 class Cancelled(Exception):
@@ -136,9 +147,9 @@ class Backend(ABC):
     @abstractmethod
     def score_searches(
         self, searches: list[Search], cancel: CancelFn | None = None
-    ) -> list[np.ndarray]:
-        """Float32 log-odds per search, documents in input order; :func:`check_cancelled` runs
-        before every forward pass."""
+    ) -> list[ScoredSearch]:
+        """Per search its float32 log-odds (documents in input order) and the tokens computed;
+        :func:`check_cancelled` runs before every forward pass."""
 
     @abstractmethod
     def render(self, context: AgentContext, document: str, mode: Mode) -> str:

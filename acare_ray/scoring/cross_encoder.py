@@ -18,7 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from acare_ray.scoring.backend import Backend, CancelFn, LoadRequest, Search, check_cancelled
+from acare_ray.scoring.backend import (
+    Backend,
+    CancelFn,
+    LoadRequest,
+    ScoredSearch,
+    Search,
+    check_cancelled,
+)
 from acare_ray.scoring.batching import BatchPlan, move_tensors, pad_right
 from acare_ray.scoring.config import FieldCaps, PromptConfig
 from acare_ray.scoring.context import AgentContext, FieldError, Mode
@@ -160,7 +167,7 @@ class CrossEncoderBackend(Backend):
 
     def score_searches(
         self, searches: list[Search], cancel: CancelFn | None = None
-    ) -> list[np.ndarray]:
+    ) -> list[ScoredSearch]:
         started = time.perf_counter()
         encoded = self.encode(searches)
         self.stats.tokenize_s += time.perf_counter() - started
@@ -175,7 +182,8 @@ class CrossEncoderBackend(Backend):
                 )
         out, start = [], 0
         for _, _, docs in searches:
-            out.append(flat[start : start + len(docs)])
+            pairs = encoded[start : start + len(docs)]
+            out.append(ScoredSearch(flat[start : start + len(docs)], sum(map(len, pairs))))
             start += len(docs)
         return out
 

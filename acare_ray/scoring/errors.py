@@ -8,17 +8,20 @@ alone and the others are scored as if it had not been there.
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
-from acare_ray.scoring.backend import CancelFn, Cancelled
+from acare_ray.scoring.backend import CancelFn, Cancelled, ScoredSearch
 from acare_ray.scoring.context import AUTO, AgentContext, Mode
 
 if TYPE_CHECKING:
     from acare_ray.scoring.scorer import Scorer
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -54,25 +57,26 @@ def score_isolated(
     item scored alone. :class:`~acare_ray.scoring.backend.Cancelled` (``cancel`` said stop) is never
     isolated: it propagates, and no item is retried.
     """
-    items = list(items)
+    stop = {} if cancel is None else {"cancel": cancel}
+    return _isolate(lambda part: scorer.score_many(part, mode, **stop), list(items))
+
+
+def score_resolved_isolated(
+    scorer: Scorer,
+    searches: Sequence[tuple[AgentContext, Mode, Sequence[str]]],
+    cancel: CancelFn | None = None,
+) -> list[ScoredSearch | Exception]:
+    """:meth:`Scorer.score_resolved` under the same policy as :func:`score_isolated` (the
+    online service: modes chosen when the request was checked, usage read from the result)."""
+    stop = {} if cancel is None else {"cancel": cancel}
+    return _isolate(lambda part: scorer.score_resolved(part, **stop), list(searches))
+
+
+def _isolate(call: Callable[[list[T]], Sequence[R]], items: list[T]) -> list[R | Exception]:
     if not items:
         return []
-    return _isolate(scorer, items, mode, cancel)
-
-
-def _score_call(
-    scorer: Scorer, items: list, mode: str | Mode, cancel: CancelFn | None
-) -> list[np.ndarray]:
-    if cancel is None:
-        return list(scorer.score_many(items, mode))
-    return list(scorer.score_many(items, mode, cancel=cancel))
-
-
-def _isolate(
-    scorer: Scorer, items: list, mode: str | Mode, cancel: CancelFn | None
-) -> list[np.ndarray | Exception]:
     try:
-        return _score_call(scorer, items, mode, cancel)
+        return list(call(items))
     except Cancelled:
         raise
     except Exception as err:
@@ -82,13 +86,11 @@ def _isolate(
             return [err]
         if is_out_of_memory(err):
             half = (len(items) + 1) // 2
-            return _isolate(scorer, items[:half], mode, cancel) + _isolate(
-                scorer, items[half:], mode, cancel
-            )
-    out: list[np.ndarray | Exception] = []
+            return _isolate(call, items[:half]) + _isolate(call, items[half:])
+    out: list[R | Exception] = []
     for item in items:
         try:
-            out.extend(_score_call(scorer, [item], mode, cancel))
+            out.extend(call([item]))
         except Cancelled:
             raise
         except Exception as err:

@@ -26,6 +26,7 @@ from acare_ray.scoring.backend import (
     BackendStats,
     CancelFn,
     LoadRequest,
+    ScoredSearch,
     backend_class,
     detect_backend,
 )
@@ -39,7 +40,14 @@ from acare_ray.scoring.config import (
     read_acare_config,
     resolve_model_path,
 )
-from acare_ray.scoring.context import AUTO, AgentContext, FieldError, Mode, parse_mode
+from acare_ray.scoring.context import (
+    AUTO,
+    AgentContext,
+    FieldError,
+    Mode,
+    missing_field_error,
+    parse_mode,
+)
 
 
 @dataclass(frozen=True)
@@ -155,13 +163,31 @@ class Scorer:
     ) -> list[np.ndarray]:
         """``score`` for several searches at once (tokenized in one call, batched together)."""
         parse_mode(mode)
-        searches = []
-        for context, documents in items:
-            resolved = context.resolve_mode(mode)
-            searches.append((context.for_mode(resolved), resolved, check_documents(documents)))
+        searches = [
+            (context, context.resolve_mode(mode), documents) for context, documents in items
+        ]
+        return [scored.scores for scored in self.score_resolved(searches, cancel)]
+
+    def score_resolved(
+        self,
+        searches: Sequence[tuple[AgentContext, Mode, Sequence[str]]],
+        cancel: CancelFn | None = None,
+    ) -> list[ScoredSearch]:
+        """``score_many`` for searches whose mode a caller has chosen already (a concrete
+        :class:`Mode`, never ``auto``; the context must hold the fields it reads), each
+        returned with the tokens the model computed for it: a server's usage, read from the
+        one tokenization the scoring did."""
+        ready = []
+        for context, mode, documents in searches:
+            if parse_mode(mode) == AUTO:
+                raise FieldError("mode", "must be a concrete mode (M0-M3) here, not auto")
+            mode = Mode(mode)
+            if missing := context.missing_field(mode):
+                raise missing_field_error(mode, missing)
+            ready.append((context.for_mode(mode), mode, check_documents(documents)))
         if cancel is None:
-            return self.backend.score_searches(searches)
-        return self.backend.score_searches(searches, cancel=cancel)
+            return self.backend.score_searches(ready)
+        return self.backend.score_searches(ready, cancel=cancel)
 
     def rank(
         self,

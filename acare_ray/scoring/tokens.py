@@ -18,8 +18,8 @@ UTF-8 byte (byte-level BPE) or one character (WordPiece), so a document of at mo
 bytes cannot be over it. The scorer tokenizes every document anyway; doing it twice would cost
 as much CPU as the scoring of a small model. The token counts of such short documents are
 estimates (``BYTES_PER_TOKEN``), good enough for packing batches. The usage a response reports
-is exact: :meth:`TokenLayout.count` tokenizes an answered request's documents once more, after
-scoring and off the model thread.
+is exact: the scorer returns the tokens it computed with each search's scores
+(:class:`~acare_ray.scoring.backend.ScoredSearch`), read from its own tokenization.
 """
 
 from __future__ import annotations
@@ -95,12 +95,6 @@ class TokenLayout:
         attributes = {name: attribute for name, attribute, _ in FIELD_CAPS}
         cut = [n for n, f in cap_fields(self.inert, context, caps).items() if f.ids is not None]
         return {attributes[name]: getattr(caps, attributes[name]) for name in cut}
-
-    def count(self, documents: Sequence[str]) -> list[int]:
-        """Exact token counts of documents that fit already (as :meth:`fit` returns them)."""
-        if not documents:
-            return []
-        return [len(i) for i in self.inert.encode([self.lead + d for d in documents])]
 
     def fit(self, documents: Sequence[str], limit: int, keep_end: bool = False) -> FittedDocuments:
         """Cut each document to at most ``limit`` tokens (its start, or its end if ``keep_end``)."""

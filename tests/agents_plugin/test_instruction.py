@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from acare_ray.online.http import Scored, single_model_api
+from acare_ray.online.http import inline_score, single_model_api
 from acare_ray.online.service import RerankService, Search
 from acare_ray.request_errors import ClientError
 from acare_ray.scoring import AgentContext, Mode
@@ -65,11 +65,7 @@ def test_an_instruction_cannot_forge_control_tokens(tiny_scorer):
 def app_for(scorer):
     service = RerankService(scorer, "m")
 
-    async def score(job, client):
-        (scores,) = service.score([job])
-        return Scored(scores)
-
-    return service, TestClient(single_model_api(service, score))
+    return service, TestClient(single_model_api(service, inline_score(service)))
 
 
 def tokens_scored(scorer, context, documents) -> int:

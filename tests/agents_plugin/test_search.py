@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from acare_ray.cli import main
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.fusion import FusionConfig, fuse
-from acare_ray.online.http import Scored, client_of, single_model_api
+from acare_ray.online.http import client_of, inline_score, single_model_api
 from acare_ray.online.search_routes import SearchSettings, search_routes
 from acare_ray.online.service import Limits, RerankService
 from acare_ray.request_errors import ClientError
@@ -36,10 +36,11 @@ def make_app(scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8):
     )
     received = []
 
+    scored = inline_score(service)
+
     async def score(job, client):
         received.append(job)
-        (scores,) = service.score([job])
-        return Scored(scores)
+        return await scored(job, client)
 
     routes = search_routes(
         BM25FirstStage(str(index_dir)),

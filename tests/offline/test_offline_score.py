@@ -76,10 +76,10 @@ def test_a_search_that_fails_to_score_fails_alone(scorer, rows):
     class Flaky:
         """Raises whenever the poisoned document is in the call, like a CUDA error would."""
 
-        def score_many(self, items, mode):
-            if any("POISON" in doc for _, docs in items for doc in docs):
+        def score_resolved(self, searches):
+            if any("POISON" in doc for _, _, docs in searches for doc in docs):
                 raise RuntimeError("device fault")
-            return scorer.score_many(items, mode)
+            return scorer.score_resolved(searches)
 
     poisoned = dict(rows[1], search_id="poisoned")
     poisoned["candidates"] = [dict(c) for c in rows[1]["candidates"]]

@@ -41,10 +41,10 @@ def admitted_scoring(service: RerankService, admission: Admission):
         if not decision.admitted:
             raise decision.refusal(admission.deadline_s)
         try:
-            (scores,) = await asyncio.to_thread(service.score, [job])
-            if isinstance(scores, Exception):
-                raise scores
-            return Scored(scores)
+            (out,) = await asyncio.to_thread(service.score, [job])
+            if isinstance(out, Exception):
+                raise out
+            return Scored(out.scores, out.tokens)
         finally:
             admission.done(job.bound, client)
 

@@ -8,7 +8,6 @@ keep answering exactly that, whatever fusion the checkpoint has fitted.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -20,7 +19,7 @@ from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, QUESTION, REASONING
 
 from acare_ray.fusion import FusionConfig, fuse
-from acare_ray.online.http import Scored, single_model_api
+from acare_ray.online.http import inline_score, single_model_api
 from acare_ray.online.service import RerankService, Search
 
 # The last document repeats the first: equal scores, so the tie rule shows.
@@ -36,20 +35,14 @@ def service(tiny_scorer) -> RerankService:
 
 
 def client_for(service, **options) -> TestClient:
-    async def score(job, client):
-        (scores,) = await asyncio.to_thread(service.score, [job])
-        if isinstance(scores, Exception):
-            raise scores
-        return Scored(scores)
-
-    return TestClient(single_model_api(service, score, **options))
+    return TestClient(single_model_api(service, inline_score(service), **options))
 
 
 def scored(service, search: Search) -> tuple[np.ndarray, int, str]:
     """(log-odds, tokens scored, mode) of ``search`` straight from the service."""
     job = service.prepare(search)
-    (scores,) = service.score([job])
-    return scores, service.tokens_scored(job), job.mode.value
+    (out,) = service.score([job])
+    return out.scores, out.tokens, job.mode.value
 
 
 def today_order(scores: np.ndarray) -> list[int]:

@@ -168,10 +168,10 @@ def test_a_context_the_scorer_refuses_is_not_blamed_on_the_documents(
     """Pins issue 22: a ValueError the scorer raised about the query, question or reasoning
     was reported on `documents`; the 422 names the request's own field for it."""
 
-    def score_many(*_, **__):
+    def score_resolved(*_, **__):
         refusal()
 
-    monkeypatch.setattr(service.scorer, "score_many", score_many)
+    monkeypatch.setattr(service.scorer, "score_resolved", score_resolved)
     response = app(service).post("/rerank", json={"query": "q", "texts": ["a"]})
     assert response.status_code == 422
     assert response.json()["message"].startswith(f"{field}: ")

@@ -9,7 +9,6 @@ one batch. The last test redeploys it with ``max_resident_models: 1``.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import copy
 import json
@@ -31,7 +30,7 @@ from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.fusion import FusionConfig
 from acare_ray.online.app_args import AppArgs
-from acare_ray.online.http import Scored, single_model_api
+from acare_ray.online.http import inline_score, single_model_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import RerankService
 from acare_ray.request_errors import ClientError
@@ -215,11 +214,8 @@ def test_without_a_model_the_default_answers_exactly_as_a_one_model_app_of_it(
     response = rerank(http)
     service = RerankService(scorers["base"], "base")
 
-    async def score(job, client):
-        (scores,) = await asyncio.to_thread(service.score, [job])
-        return Scored(scores)
-
-    alone = TestClient(single_model_api(service, score)).post("/v2/rerank", json=BODY)
+    alone = TestClient(single_model_api(service, inline_score(service)))
+    alone = alone.post("/v2/rerank", json=BODY)
     assert alone.status_code == 200
     got, want = response.json(), alone.json()
     assert got.pop("id") != want.pop("id")

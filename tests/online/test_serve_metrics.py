@@ -6,12 +6,10 @@ The exported names and the real Ray export are checked on a real cluster in
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from fastapi.testclient import TestClient
 
-from acare_ray.online.http import Scored, single_model_api
+from acare_ray.online.http import inline_score, single_model_api
 from acare_ray.online.metrics import METRICS, OTHER_ROUTE, exported_names
 from acare_ray.online.service import Limits, RerankService
 
@@ -44,11 +42,8 @@ def service(tiny_scorer) -> RerankService:
 
 
 def client(service, recorder, api_key=None) -> TestClient:
-    async def score(job, _client):
-        (scores,) = await asyncio.to_thread(service.score, [job])
-        return Scored(scores)
-
-    return TestClient(single_model_api(service, score, api_key=api_key, metrics=recorder))
+    api = single_model_api(service, inline_score(service), api_key=api_key, metrics=recorder)
+    return TestClient(api)
 
 
 def test_requests_are_counted_by_route_template_status_class_and_mode(service):

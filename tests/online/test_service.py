@@ -159,7 +159,7 @@ def test_a_batch_of_jobs_scores_like_each_search_alone(causal, tiny_scorer):
     for s, job, got in zip(searches, jobs, batched):
         context = AgentContext(s.query, question=s.original_question, reasoning=s.reasoning)
         want = tiny_scorer.score(context, list(s.documents), job.mode)
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_allclose(got.scores, want, atol=1e-5)
 
 
 def test_a_job_the_scorer_rejects_does_not_fail_the_others(causal, tiny_scorer):
@@ -168,8 +168,8 @@ def test_a_job_the_scorer_rejects_does_not_fail_the_others(causal, tiny_scorer):
     results = causal.score([good, bad, good])
     assert isinstance(results[1], ValueError) and "documents[1]" in str(results[1])
     want = tiny_scorer.score(AgentContext("capital population"), DOCUMENTS, Mode.M0)
-    np.testing.assert_allclose(results[0], want, atol=1e-5)
-    np.testing.assert_allclose(results[2], want, atol=1e-5)
+    np.testing.assert_allclose(results[0].scores, want, atol=1e-5)
+    np.testing.assert_allclose(results[2].scores, want, atol=1e-5)
 
 
 def _raised(call) -> ValueError:
@@ -221,16 +221,19 @@ def test_empty_documents_cost_nothing(causal):
 
 
 @pytest.mark.parametrize("backend", ["causal", "cross"])
-def test_tokens_scored_are_exact_where_the_job_cost_is_an_estimate(request, backend):
+def test_usage_is_the_tokens_really_scored_where_the_job_cost_is_an_estimate(request, backend):
+    """The tokens a scored job reports (the usage a response answers) are the ones the model
+    computed, counted from the scoring's own tokenization, not a second one."""
     service = request.getfixturevalue(backend)
     job = service.prepare(search(documents=[DOCUMENTS[1], DOCUMENTS[3], LONG], reasoning=REASONING))
     before = service.scorer.stats.real_tokens
-    service.score([job])
+    (out,) = service.score([job])
     real = service.scorer.stats.real_tokens - before
-    assert service.tokens_scored(job) == real
+    assert out.tokens == real
     fitted = service.layout.fit(job.documents, job.limit)
     assert not all(fitted.exact), "some documents' costs in job.tokens are byte estimates"
-    assert service.tokens_scored(service.prepare(search(documents=[]))) == 0
+    (empty,) = service.score([service.prepare(search(documents=[]))])
+    assert empty.tokens == 0 and empty.scores.shape == (0,)
 
 
 @pytest.mark.parametrize("backend", ["causal", "cross"])
@@ -251,9 +254,9 @@ def test_a_document_over_the_models_room_scores_as_in_process(tiny_qwen3_dir, ba
     assert job.documents == tuple(documents)
     before = scorer.stats.real_tokens
     (served,) = service.score([job])
-    assert service.tokens_scored(job) == scorer.stats.real_tokens - before
+    assert served.tokens == scorer.stats.real_tokens - before
     context = AgentContext("capital population", question=QUESTION, reasoning=REASONING)
-    np.testing.assert_allclose(served, scorer.score(context, documents, Mode.M3), atol=1e-5)
+    np.testing.assert_allclose(served.scores, scorer.score(context, documents, Mode.M3), atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["causal", "cross"])
@@ -270,7 +273,7 @@ def test_a_refused_document_states_a_true_token_count(request, backend):
         message = caught.value.message
         assert message.startswith("documents[1]: is ") and f"only {room} fit" in message
         count = int(message.split(" tokens")[0].split()[-1])
-        true_count = service.layout.count([text])[0]
+        true_count = len(service.layout.inert.encode([service.layout.lead + text])[0])
         if whole:
             assert "at least" not in message and count == true_count
         else:

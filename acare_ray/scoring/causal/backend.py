@@ -22,6 +22,7 @@ from acare_ray.scoring.backend import (
     Backend,
     CancelFn,
     LoadRequest,
+    ScoredSearch,
     Search,
     check_cancelled,
 )
@@ -150,9 +151,10 @@ class CausalLMBackend(Backend):
 
     def score_searches(
         self, searches: list[Search], cancel: CancelFn | None = None
-    ) -> list[np.ndarray]:
-        """Float32 log-odds per search, documents in input order; ``cancel`` is checked before
-        every forward pass (:func:`~acare_ray.scoring.backend.check_cancelled`)."""
+    ) -> list[ScoredSearch]:
+        """Float32 log-odds per search, documents in input order, and the tokens computed;
+        ``cancel`` is checked before every forward pass
+        (:func:`~acare_ray.scoring.backend.check_cancelled`)."""
         started = time.perf_counter()
         prefixes = [self.encoder.prefix_ids(context, mode) for context, mode, _ in searches]
         documents = [doc for _, _, docs in searches for doc in docs]
@@ -164,9 +166,11 @@ class CausalLMBackend(Backend):
         doc_ids = self.encoder.document_ids(documents, budgets)
         self.stats.tokenize_s += time.perf_counter() - started
         suffix = self.encoder.suffix_ids
-        seqs, start = [], 0
-        for _, _, docs in searches:
-            seqs.append([ids + suffix for ids in doc_ids[start : start + len(docs)]])
+        seqs, tokens, start = [], [], 0
+        for prefix, (_, _, docs) in zip(prefixes, searches):
+            mine = doc_ids[start : start + len(docs)]
+            seqs.append([ids + suffix for ids in mine])
+            tokens.append(self.request_cost(len(prefix), [len(ids) for ids in mine]))
             start += len(docs)
         results: list[np.ndarray] = [np.empty(0, dtype=np.float32)] * len(searches)
         stop = {} if cancel is None else {"cancel": cancel}
@@ -180,7 +184,7 @@ class CausalLMBackend(Backend):
                     )
                     for i, out in zip(pack, scores):
                         results[i] = out
-        return results
+        return [ScoredSearch(scores, n) for scores, n in zip(results, tokens)]
 
     def _packs(self, prefixes: list[list[int]], seqs: list[list[list[int]]]) -> list[list[int]]:
         """Search indices cut into runs scored together: with ``pack_tokens`` set, consecutive
