@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from acare_ray.flags import config_from_flags
-from acare_ray.scoring import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL, ScorerSettings
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def run(config: DemoConfig) -> int:
         name="demo",
         max_steps=config.steps,
         batch_groups=config.batch_groups,
-        max_length=config.max_length,
+        scorer=ScorerSettings(max_length=config.max_length),
         lr=config.lr,
         eval_modes=("M0", "M3"),
         val_max_groups=64,

@@ -66,7 +66,8 @@ def take_questions(table: pa.Table, n: int | None, seed: int) -> pa.Table:
 
 def evaluate_model(name: str, model: str, test_path: Path, work: Path, args) -> dict:
     from acare_ray.offline.evaluate import EvalConfig, format_table, run
-    from acare_ray.offline.job import ActorPool, ScorerSettings
+    from acare_ray.offline.job import ActorPool
+    from acare_ray.scoring import ScorerSettings
 
     report_file = work / "eval" / name / "report.json"
     if report_file.exists():

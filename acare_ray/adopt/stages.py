@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,9 @@ import pyarrow.compute as pc
 from acare_ray.adopt.config import AdoptConfig, SourceSpec
 from acare_ray.data.io import read_parquet, write_parquet
 from acare_ray.splits import question_keys, split_values
+
+if TYPE_CHECKING:
+    from acare_ray.scoring import ScorerSettings
 
 log = logging.getLogger("acare_ray.adopt")
 
@@ -56,7 +59,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "val_max_groups": 240,
     "max_failures": 3,
     "log_every": 10,
-    "max_length": 320,
+    "scorer": {"max_length": 320},
     "cpu_bf16": True,
     "time_budget_s": 7200.0,
 }
@@ -148,13 +151,12 @@ def _labels_from_gold(table: pa.Table) -> pa.Table:
     return table.set_column(index, "judge_ok", pa.nulls(table.num_rows, pa.bool_()))
 
 
-def count_cuts(groups: pa.Table, model: str, max_length: int | None) -> dict[str, Any]:
+def count_cuts(groups: pa.Table, model: str, settings: ScorerSettings) -> dict[str, Any]:
     """(M3 prompt, document) pairs longer than the scorer's room, i.e. cut when scored."""
     from acare_ray.scoring import AgentContext, Scorer
     from acare_ray.scoring.untrusted import encode_capped
 
-    options = {"max_length": max_length} if max_length else {}
-    backend = Scorer.from_pretrained(model, **options).backend
+    backend = Scorer.from_settings(model, settings).backend
     pairs = cut = 0
     for row in groups.to_pylist():
         context = AgentContext(row["sub_query"], row["question"], row["reasoning"])
@@ -173,7 +175,7 @@ def data_stage(config: AdoptConfig) -> dict[str, Any]:
     work = config.work
     summary: dict[str, Any] = {"sources": {}, "negatives": config.negatives, "hard": config.hard}
     val_tables = []
-    max_length = train_settings(config).get("max_length")
+    settings = scorer_settings(config)
     for spec in config.sources:
         parts = split_source(spec, read_source(spec), config.split_seed)
         for name, part in parts.items():
@@ -198,7 +200,7 @@ def data_stage(config: AdoptConfig) -> dict[str, Any]:
             "validation_groups": val.num_rows,
             "skipped": vars(group_stats(groups)),
             "weight": spec.weight,
-            "cuts": count_cuts(groups, config.model, max_length) if groups.num_rows else None,
+            "cuts": count_cuts(groups, config.model, settings) if groups.num_rows else None,
         }
         log.info("[data] %s: %s", spec.name, summary["sources"][spec.name])
     write_parquet(pa.concat_tables(val_tables), work / "groups" / "validation.parquet")
@@ -289,7 +291,17 @@ def baseline_stage(config: AdoptConfig) -> dict[str, Any]:
 
 
 def train_settings(config: AdoptConfig) -> dict[str, Any]:
-    return {**TRAIN_DEFAULTS, **config.train}
+    """The TrainConfig fields: adopt's defaults, the config's ``train`` over them (its
+    ``scorer`` section setting by setting)."""
+    scorer = {**TRAIN_DEFAULTS["scorer"], **(config.train.get("scorer") or {})}
+    return {**TRAIN_DEFAULTS, **config.train, "scorer": scorer}
+
+
+def scorer_settings(config: AdoptConfig) -> ScorerSettings:
+    """How every stage loads the model: the training's scorer section."""
+    from acare_ray.scoring import ScorerSettings
+
+    return ScorerSettings.parse(train_settings(config)["scorer"])
 
 
 def train_config(config: AdoptConfig):
@@ -401,9 +413,7 @@ def cost_stage(config: AdoptConfig, checkpoint: str) -> dict[str, Any]:
     from acare_ray.scoring import AgentContext, Mode, Scorer
     from acare_ray.scoring.tokens import TokenLayout
 
-    settings = train_settings(config)
-    options = {"max_length": settings["max_length"]} if settings.get("max_length") else {}
-    scorer = Scorer.from_pretrained(checkpoint, device="cpu", **options)
+    scorer = Scorer.from_settings(checkpoint, scorer_settings(config), device="cpu")
     layout = TokenLayout(scorer)
     rows = read_parquet(primary_part(config, "test")).to_pylist()[: config.cost.searches]
     pool = [c["text"] for row in rows for c in row["candidates"]]

@@ -17,7 +17,7 @@ import pyarrow as pa
 from acare_ray.fusion import FusionConfig
 from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows, table_rows
 from acare_ray.schema import RERANK_OUTPUT
-from acare_ray.scoring import Scorer
+from acare_ray.scoring import Scorer, ScorerSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,16 @@ def actor_device() -> str:
 
 
 def load_scorer(model: str, cpus: float, options: dict[str, Any]) -> Scorer:
-    """The actor's Scorer on :func:`actor_device`; on CPU, torch uses ``cpus`` threads."""
+    """The actor's Scorer on :func:`actor_device`; on CPU, torch uses ``cpus`` threads.
+    ``options``: :func:`acare_ray.offline.job.actor_scorer`'s settings and revision."""
     import torch
 
     device = actor_device()
     if device == "cpu":
         torch.set_num_threads(max(1, min(int(cpus), os.cpu_count() or 1)))
-    return Scorer.from_pretrained(model, device=device, **options)
+    settings = dict(options)
+    revision = settings.pop("revision", None)
+    return Scorer.from_settings(model, ScorerSettings.parse(settings), revision, device=device)
 
 
 class ScorerActor:

@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 from acare_ray.fusion_fit import SafetyRule
 from acare_ray.offline.evaluate import TESTS, EvalConfig
 from acare_ray.offline.fit_fusion import RULES, FitFusionConfig
-from acare_ray.offline.job import ActorPool, ScorerSettings
+from acare_ray.offline.job import ActorPool
 from acare_ray.offline.lock import OutputLocked
 from acare_ray.offline.relabel import RelabelConfig
 from acare_ray.offline.rerank import RerankConfig
 from acare_ray.offline.resume import StorageError
+from acare_ray.scoring import ScorerSettings
 
 C = TypeVar("C")
 

@@ -47,7 +47,7 @@ from acare_ray.metrics import (
     write_trec_run,
 )
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, JobCounts, actor_scorer, ray_session, run_job
 from acare_ray.offline.report import format_table, write_chart, write_markdown
 from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.session_eval import (
@@ -57,7 +57,7 @@ from acare_ray.offline.session_eval import (
     paired_comparisons,
     session_section,
 )
-from acare_ray.scoring import Mode, parse_mode
+from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
 TESTS = ("randomization", "bootstrap")
 
@@ -91,6 +91,7 @@ class EvalConfig:
     alpha: float = Significance.alpha
     seed: int = Significance.seed
     pool: ActorPool = field(default_factory=ActorPool)
+    revision: str | None = None
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
     sessions: bool = False
@@ -401,7 +402,7 @@ class Judged:
 
 def _score(config: EvalConfig, rerank_dir: str) -> JobCounts:
     """The rerank job scoring every input search in every mode into ``rerank_dir``."""
-    options = config.scorer.options()
+    options = actor_scorer(config.scorer, config.revision)
     job = Job(
         "eval",
         config.input,

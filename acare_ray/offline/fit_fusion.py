@@ -39,8 +39,8 @@ from acare_ray.fusion_fit import SafetyRule, fit_safely
 from acare_ray.metrics import parse_measure
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_questions, load_runs
-from acare_ray.offline.job import ActorPool, Job, ScorerSettings, ray_session, run_job
-from acare_ray.scoring import Mode, parse_mode
+from acare_ray.offline.job import ActorPool, Job, actor_scorer, ray_session, run_job
+from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
 RULES = ("safe", "best")
 
@@ -64,6 +64,7 @@ class FitFusionConfig:
     rule: str = "safe"
     safety: SafetyRule = field(default_factory=SafetyRule)
     pool: ActorPool = field(default_factory=ActorPool)
+    revision: str | None = None
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
 
@@ -109,7 +110,7 @@ def run(config: FitFusionConfig) -> dict[str, Any]:
     """Score, fit, store; returns what ``fit.json`` holds."""
     out = Path(config.work_dir)
     rerank_dir = str(out / "rerank")
-    options = config.scorer.options()
+    options = actor_scorer(config.scorer, config.revision)
     job = Job(
         "fit-fusion",
         config.input,

@@ -32,6 +32,7 @@ from acare_ray.offline.resume import (
     unwritten_rows,
 )
 from acare_ray.schema import SEARCHES
+from acare_ray.scoring import ScorerSettings
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +94,17 @@ class ActorPool:
         return parts[0], parts[1]
 
 
-@dataclass(frozen=True)
-class ScorerSettings:
-    """``Scorer.from_pretrained`` options (None keeps the checkpoint's or the default)."""
-
-    max_batch_tokens: int | None = None
-    max_length: int | None = None
-    instruction: str | None = None
-    revision: str | None = None
-
-    def options(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+def actor_scorer(settings: ScorerSettings, revision: str | None) -> dict[str, Any]:
+    """What a job's actors load their scorer with, and its manifest records: the settings that
+    differ from the defaults, and the model's revision when one is pinned. The actor pool
+    places the model (an actor with a Ray GPU on CUDA, the others on CPU), so a ``device`` in
+    the settings is refused."""
+    if settings.device is not None:
+        raise ValueError(
+            "scorer.device: an offline job's actors run where the pool places them "
+            "(--gpus-per-actor), not on a set device"
+        )
+    return settings.changed() | ({"revision": revision} if revision else {})
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import pyarrow.dataset as pads
 
 from acare_ray.data.groups import ok_groups
 from acare_ray.offline.actor import RelabelActor
-from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
+from acare_ray.offline.job import ActorPool, Job, JobCounts, actor_scorer, ray_session, run_job
 from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.score import LABELER_INSTRUCTION, NEGATIVES_FROM
 from acare_ray.schema import TRAINING_GROUPS
+from acare_ray.scoring import ScorerSettings
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class RelabelConfig:
     negatives_from: str = "bottom"
     keep_failed: bool = False
     pool: ActorPool = field(default_factory=ActorPool)
+    revision: str | None = None
     scorer: ScorerSettings = field(
         default_factory=lambda: ScorerSettings(instruction=LABELER_INSTRUCTION)
     )
@@ -67,7 +69,7 @@ class RelabelConfig:
 
 def run(config: RelabelConfig) -> JobCounts:
     """Run the relabel job; ``per_key`` of the counts is keyed by status."""
-    options = config.scorer.options()
+    options = actor_scorer(config.scorer, config.revision)
     labels = {
         "negatives": config.negatives,
         "gold_aware": config.gold_aware,

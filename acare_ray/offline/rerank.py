@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from acare_ray.checkpoint_settings import read_fusion
 from acare_ray.fusion import FusionConfig, resolve_fusion
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, Job, JobCounts, ScorerSettings, ray_session, run_job
-from acare_ray.scoring import Mode, parse_mode
+from acare_ray.offline.job import ActorPool, Job, JobCounts, actor_scorer, ray_session, run_job
+from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class RerankConfig:
     mode: str = "auto"
     top_k: int | None = None
     pool: ActorPool = field(default_factory=ActorPool)
+    revision: str | None = None
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     ray_address: str | None = None
     fusion: str = "auto"
@@ -56,7 +57,7 @@ def run(config: RerankConfig) -> JobCounts:
     """Run the rerank job; returns its counts."""
     mode = parse_mode(config.mode)
     mode = mode.value if isinstance(mode, Mode) else mode
-    options = config.scorer.options()
+    options = actor_scorer(config.scorer, config.revision)
     fusion = config.resolved_fusion()
     # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
     fused = {"fusion": fusion.label} if fusion.enabled else {}

@@ -2,10 +2,11 @@
 each replica's runtime settings (``user_config``): what :mod:`acare_ray.online.deployment`
 builds the app from. No Ray here beyond what the models' validation needs."""
 
+import json
 import os
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, field_validator, model_validator
 
 from acare_ray.online.http import parse_keys
 from acare_ray.online.models import (
@@ -14,7 +15,7 @@ from acare_ray.online.models import (
     ModelSource,
     short_model_name,
 )
-from acare_ray.scoring import DEFAULT_MODEL
+from acare_ray.scoring import DEFAULT_MODEL, ScorerSettings
 
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.005
@@ -54,17 +55,11 @@ class AppArgs(BaseModel):
         description="Name reported by the API; default: a Hub id as given, a checkpoint "
         "folder by its own name (never a server path).",
     )
-    device: str | None = Field(None, description="cuda / cpu; default: cuda when available.")
-    dtype: str | None = Field(None, description="Default: bfloat16 on CUDA, float32 on CPU.")
-    backend: Literal["auto", "causal_lm", "cross_encoder"] = "auto"
-    max_length: int | None = Field(None, ge=16, description="Prompt token limit (model default).")
-    forward_batch_tokens: int | None = Field(
-        None, ge=1, description="Padded tokens per forward pass (Scorer max_batch_tokens)."
-    )
-    pack_searches: bool = Field(
-        False,
-        description="Causal backend: score a batch's small requests in shared forward passes "
-        "(Scorer pack_searches; scores unchanged).",
+    scorer: InstanceOf[ScorerSettings] = Field(
+        default_factory=ScorerSettings,
+        description="How every served model is loaded and run (acare_ray.scoring.ScorerSettings, "
+        "the same section as the offline jobs' and the trainer's): device, dtype, backend, "
+        "max_length, max_batch_tokens (padded tokens per forward pass), pack_searches, ...",
     )
     max_documents: int = Field(1000, ge=1, description="Documents per request (more: 413).")
     max_body_bytes: int = Field(16 * 2**20, ge=1024, description="Request body limit (413).")
@@ -106,6 +101,16 @@ class AppArgs(BaseModel):
         ge=1,
         description="Models loaded at once per replica (least recently used unloaded first).",
     )
+
+    @field_validator("scorer", mode="before")
+    @classmethod
+    def _scorer_section(cls, value: Any) -> ScorerSettings:
+        if isinstance(value, str):  # serve run's key=value: scorer='{"device": "cpu"}'
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"scorer: not a JSON object ({err})") from None
+        return ScorerSettings.parse(value)
 
     @field_validator("models", mode="before")
     @classmethod

@@ -65,7 +65,7 @@ from acare_ray.online.models import (
 from acare_ray.online.replica_models import ModelSlot, ReplicaModels
 from acare_ray.online.service import Limits, RerankService, ScoringJob
 from acare_ray.request_errors import ClientError
-from acare_ray.scoring import Cancelled
+from acare_ray.scoring import Cancelled, Scorer
 from acare_ray.scoring.golden import read_golden
 
 
@@ -81,7 +81,6 @@ class Reranker:
 
     def __init__(self, args: dict[str, Any], sessions: Any = None) -> None:
         from acare_ray.checkpoint_settings import read_calibration, read_fusion
-        from acare_ray.scoring import Scorer
 
         config = AppArgs.model_validate(args)
         self.api_keys = config.api_keys()  # before loading: no key, no replica
@@ -93,11 +92,6 @@ class Reranker:
         self.search_routes = _search_routes(
             config, sessions, max_documents=config.max_documents, fitted=self.fitted_fusion
         )
-        options = {
-            "max_length": config.max_length,
-            "max_batch_tokens": config.forward_batch_tokens,
-            "pack_searches": config.pack_searches or None,
-        }
         self.limits = Limits(
             max_documents=config.max_documents,
             max_body_bytes=config.max_body_bytes,
@@ -108,14 +102,7 @@ class Reranker:
 
         def build(name: str) -> Served:
             source = catalog.sources[name]
-            scorer = Scorer.from_pretrained(
-                source.model,
-                device=config.device,
-                dtype=config.dtype,
-                backend=config.backend,
-                revision=source.revision,
-                **{k: v for k, v in options.items() if v is not None},
-            )
+            scorer = Scorer.from_settings(source.model, config.scorer, source.revision)
             # A checkpoint with golden cases must score them as recorded, or never serve; its
             # calibration (per mode) makes the 0..1 relevance a probability.
             service = RerankService(

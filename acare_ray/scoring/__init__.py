@@ -34,6 +34,7 @@ from acare_ray.scoring.config import (
     FieldCaps,
     PromptConfig,
     ScorerConfig,
+    ScorerSettings,
     read_acare_config,
     resolve_model_path,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "ScoredSearch",
     "Scorer",
     "ScorerConfig",
+    "ScorerSettings",
     "TokenLayout",
     "check_documents",
     "is_out_of_memory",

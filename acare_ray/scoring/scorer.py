@@ -34,6 +34,7 @@ from acare_ray.scoring.batching import plan_batches
 from acare_ray.scoring.config import (
     TEMPLATE_NAME,
     ScorerConfig,
+    ScorerSettings,
     default_device,
     default_dtype,
     load_tokenizer,
@@ -137,6 +138,22 @@ class Scorer:
             config, caps=prompt.caps, max_length=prompt.max_length, instruction=prompt.instruction
         )
         return cls(impl, resolved, source=name_or_path)
+
+    @classmethod
+    def from_settings(
+        cls,
+        name_or_path: str,
+        settings: ScorerSettings,
+        revision: str | None = None,
+        **override: Any,
+    ) -> Scorer:
+        """:meth:`from_pretrained` with a :class:`~acare_ray.scoring.config.ScorerSettings`
+        section (the offline jobs', the Serve app's, the trainer's); ``override``: ``device``
+        or ``dtype`` chosen by the caller (a training worker's, an offline actor's)."""
+        load = {"device": settings.device, "dtype": settings.dtype, "backend": settings.backend}
+        return cls.from_pretrained(
+            name_or_path, revision=revision, config=settings.config(), **(load | override)
+        )
 
     @property
     def stats(self) -> BackendStats:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from acare_ray.scoring import ScorerSettings
 from acare_ray.training.config import STRATEGIES, TrainConfig
 
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "data"}
@@ -76,8 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="worker-group restarts from the last checkpoint (-1: unlimited)",
     )
     add("--log-every", type=int, default=d["log_every"])
-    add("--backend", choices=("auto", "causal_lm", "cross_encoder"), default=d["backend"])
-    add("--max-length", type=int, default=d["max_length"], help="prompt token limit")
+    add("--backend", choices=("auto", "causal_lm", "cross_encoder"), default="auto")
+    add("--max-length", type=int, default=None, help="prompt token limit (scorer.max_length)")
     add(
         "--cpu-bf16",
         action="store_true",
@@ -115,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             values[key] = tuple(values[key])
     if values["max_grad_norm"] is not None and values["max_grad_norm"] <= 0:
         values["max_grad_norm"] = None
+    values["scorer"] = ScorerSettings(backend=args.backend, max_length=args.max_length)
     return TrainConfig(**values)
 
 

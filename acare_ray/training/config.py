@@ -10,11 +10,11 @@ same data.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from acare_ray.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
-from acare_ray.scoring import DEFAULT_MODEL, Mode
+from acare_ray.scoring import DEFAULT_MODEL, Mode, ScorerSettings
 from acare_ray.training.stopping import check_metric
 
 STRATEGIES = ("ddp", "fsdp")
@@ -57,6 +57,11 @@ class TrainConfig:
 
     Output: checkpoints go to ``<output>/<name>/checkpoint_*`` (Ray Train storage); each is a
     Hugging Face model folder that ``Scorer.from_pretrained`` loads.
+
+    ``scorer``: how the model is loaded and scores (:class:`~acare_ray.scoring.ScorerSettings`,
+    the same section as the offline jobs' and the Serve app's: ``backend``, ``max_length``,
+    the batching of validation); the worker decides the device and float32 weights, so
+    ``device`` and ``dtype`` are refused there.
 
     Selection and stopping (:mod:`acare_ray.training.stopping`): with ``select_metric``
     (``val/nDCG@10/<mode>`` or ``val/loss/<mode>``) the run's result is its best validated
@@ -101,8 +106,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     max_failures: int = 0
     log_every: int = 10
-    backend: str = "auto"
-    max_length: int | None = None
+    scorer: ScorerSettings = field(default_factory=ScorerSettings)
     cpu_bf16: bool = False
     select_metric: str | None = None
     patience: int | None = None
@@ -111,6 +115,12 @@ class TrainConfig:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "scorer", ScorerSettings.parse(self.scorer))
+        if self.scorer.device is not None or self.scorer.dtype is not None:
+            raise ValueError(
+                "scorer.device/scorer.dtype: the trainer places the model on its worker's device "
+                "(gpus_per_worker) in float32 (cpu_bf16 for bf16 autocast on CPU)"
+            )
         if not self.sources or not all(isinstance(p, str) and p for p in self.sources):
             raise ValueError(f"data must be one or more non-empty paths, got {self.data!r}")
         if self.data_weights is not None:
@@ -195,11 +205,15 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} | {"backend", "max_length"}
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown TrainConfig fields: {', '.join(sorted(unknown))}")
         values = dict(values)
+        # A run recorded before the scorer section had these two flat.
+        flat = {k: values.pop(k) for k in ("backend", "max_length") if k in values}
+        if flat:
+            values["scorer"] = {**(values.get("scorer") or {}), **flat}
         for key in ("eval_modes", "data", "data_weights"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])

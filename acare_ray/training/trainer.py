@@ -111,8 +111,8 @@ class WorkerRun:
                 info = ckpt.read_training_info(directory)
                 refuse_other_settings(config, info["config"])
                 trainer_state = ckpt.read_trainer_state(directory)
-                self.scorer = Scorer.from_pretrained(
-                    directory, device=self.device, dtype=torch.float32, backend=config.backend
+                self.scorer = Scorer.from_settings(
+                    directory, config.scorer, device=self.device, dtype=torch.float32
                 )
             self.start_step, self.history = info["step"], info["history"]
             self.stopped = info.get("stopped")
@@ -123,14 +123,12 @@ class WorkerRun:
             if self.rank == 0:
                 log.info("resuming run %r at step %d", config.name, self.start_step)
         else:
-            options = {"max_length": config.max_length} if config.max_length else {}
-            self.scorer = Scorer.from_pretrained(
+            self.scorer = Scorer.from_settings(
                 config.model,
+                config.scorer,
+                config.revision,
                 device=self.device,
                 dtype=torch.float32,
-                backend=config.backend,
-                revision=config.revision,
-                **options,
             )
 
         self.module = trainable_module(self.scorer)

@@ -48,7 +48,7 @@ def adopted(ray_local, tiny_qwen3_dir, tmp_path_factory):
             "patience": 2,
             "lr": 1e-3,
             "cpu_bf16": False,
-            "max_length": 256,
+            "scorer": {"max_length": 256},
             "time_budget_s": 600,
         },  # fmt: skip
         "fusion": {"folds": 2, "resamples": 200},

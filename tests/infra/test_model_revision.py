@@ -147,7 +147,9 @@ def test_offline_revision_flag_reaches_the_actor_scorer(command, recorded):
             commands[command](args)
     finally:
         module.run = original
-    options = built["config"].scorer.options()
+    from acare_ray.offline.job import actor_scorer
+
+    options = actor_scorer(built["config"].scorer, built["config"].revision)
     assert options["revision"] == COMMIT_A
     with pytest.raises(Loaded):
         load_scorer(REPO_ID, 1, options)
@@ -155,9 +157,10 @@ def test_offline_revision_flag_reaches_the_actor_scorer(command, recorded):
 
 
 def test_offline_jobs_without_revision_pass_none_of_it():
-    from acare_ray.offline.job import ScorerSettings
+    from acare_ray.offline.job import actor_scorer
+    from acare_ray.scoring import ScorerSettings
 
-    assert "revision" not in ScorerSettings().options()
+    assert "revision" not in actor_scorer(ScorerSettings(), None)
 
 
 def test_train_revision_flag_reaches_from_pretrained(recorded, monkeypatch):

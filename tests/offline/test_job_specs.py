@@ -162,7 +162,7 @@ def test_every_flag_reaches_its_config_field(monkeypatch, tmp_path):
     assert (built.n_resamples, built.seed, built.sessions, built.session_depth) == (50, 3, True, 4)
     assert (built.group_by, built.fusion, built.first_stage) == ("agent", ("none", "rrf"), False)
     assert (built.pool.min_size, built.pool.max_size, built.pool.batch_size) == (2, 2, 8)
-    assert built.scorer.options() == {"max_batch_tokens": 999, "revision": "abc"}
+    assert built.scorer.changed() == {"max_batch_tokens": 999} and built.revision == "abc"
     assert built.ray_address == "auto"
     _, relabel = _built_config(
         monkeypatch,

@@ -24,11 +24,12 @@ from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES
 from acare_ray.offline import resume
 from acare_ray.offline.actor import ScorerActor
-from acare_ray.offline.job import ActorPool, Job, ScorerSettings, run_job
+from acare_ray.offline.job import ActorPool, Job, actor_scorer, run_job
 from acare_ray.offline.lock import LOCK_FILE, OutputLock
 from acare_ray.offline.rerank import RerankConfig, run
 from acare_ray.offline.resume import MANIFEST, part_files, storage_paths
 from acare_ray.schema import parse_search
+from acare_ray.scoring import Scorer, ScorerSettings
 
 pytestmark = pytest.mark.slow
 
@@ -72,9 +73,7 @@ def test_rows_in_equal_rows_out_and_bad_rows_carry_their_error(first_run, mixed_
 
 
 def test_scores_written_by_the_job_equal_scorer_score(first_run, mixed_searches, tiny_qwen3_dir):
-    from acare_ray.scoring import Scorer
-
-    scorer = Scorer.from_pretrained(str(tiny_qwen3_dir), device="cpu", **SETTINGS.options())
+    scorer = Scorer.from_settings(str(tiny_qwen3_dir), SETTINGS, device="cpu")
     out, _ = first_run
     _, rows, errors = mixed_searches
     written = {r["search_id"]: r for r in read_rows(out)}
@@ -179,7 +178,7 @@ def test_killed_actor_mid_job_under_a_store_budget_yields_every_row_exactly_once
             "killed": str(killed),
             "model": str(tiny_qwen3_dir),
             "modes": ("M0",),
-            "scorer_options": SETTINGS.options(),
+            "scorer_options": actor_scorer(SETTINGS, None),
         },
         manifest={"test": "kill"},
         key_column="mode",

@@ -40,7 +40,7 @@ def test_acare_serve_without_config_serves_local_yaml_on_cpu(capsys):
     local = load(REPO / "serve_configs" / "local.yaml")
     assert printed == local
     for app, deployment in deployments(local):
-        assert app["args"]["device"] == "cpu"
+        assert app["args"]["scorer"]["device"] == "cpu"
         assert not deployment.get("ray_actor_options", {}).get("num_gpus")
 
 
@@ -72,16 +72,46 @@ def test_gpu_config_autoscales_one_gpu_replicas():
     assert 1 <= scaling["min_replicas"] <= scaling["initial_replicas"] <= scaling["max_replicas"]
     assert 0 < scaling["target_ongoing_requests"] <= deployment["max_ongoing_requests"]
     assert "num_replicas" not in deployment
-    assert app["args"]["device"] == "cuda"
+    assert app["args"]["scorer"]["device"] == "cuda"
 
 
 def test_builder_takes_serve_run_string_arguments():
-    args = AppArgs.model_validate({"model": "some/ckpt", "max_documents": "10", "device": "cpu"})
+    args = AppArgs.model_validate(
+        {"model": "some/ckpt", "max_documents": "10", "scorer": {"device": "cpu"}}
+    )
     app = build_app(args)
     assert isinstance(app, Application)
     assert isinstance(build_app({"model": "x"}), Application)
     with pytest.raises(ValueError, match="max_document"):
         AppArgs.model_validate({"max_document": 3})
+
+
+def test_the_scorer_section_is_the_one_the_jobs_and_the_trainer_take():
+    """Issue 33.5: one ScorerSettings type, nested as ``scorer`` (no renamed or restated
+    fields); an unknown or out-of-range setting is refused naming it."""
+    from acare_ray.scoring import ScorerSettings
+
+    args = AppArgs.model_validate(
+        {"scorer": {"device": "cpu", "max_batch_tokens": 128, "caps": {"question": 64}}}
+    )
+    assert args.scorer == ScorerSettings(device="cpu", max_batch_tokens=128, caps={"question": 64})
+    assert args.scorer.changed() == {
+        "device": "cpu",
+        "max_batch_tokens": 128,
+        "caps": {"sub_query": 256, "question": 64, "reasoning": 512},
+    }
+    for bad, named in (
+        ({"forward_batch_tokens": 1}, "forward_batch_tokens"),
+        ({"max_length": 4}, "max_length"),
+        ({"backend": "vllm"}, "backend"),
+        ({"max_batch_tokens": "many"}, "max_batch_tokens"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            AppArgs.model_validate({"scorer": bad})
+    with pytest.raises(ValueError, match="max_length"):
+        AppArgs.model_validate({"max_length": 512})  # flat, as before: not an app argument
+    on_the_command_line = AppArgs.model_validate({"scorer": '{"device": "cpu"}'})  # serve run
+    assert on_the_command_line.scorer == ScorerSettings(device="cpu")
 
 
 def test_code_defaults_keep_a_batch_fillable():

@@ -16,7 +16,7 @@ the same config path ``serve run <config>`` and ``serve deploy`` take:
 - ``fair`` at ``/fair``: two API keys (two clients), a 3 s admission deadline, each client
   holding at most half of it (``client_share``), small requests (``max_documents`` and
   ``max_request_tokens``), for the load test of fair shares;
-- ``cancel`` at ``/cancel``: keyed, with a small forward batch (``forward_batch_tokens``), so
+- ``cancel`` at ``/cancel``: keyed, with a small forward batch (``scorer.max_batch_tokens``), so
   a large request takes many forward passes and a disconnect can stop it midway.
 """
 
@@ -145,7 +145,7 @@ def make_config(checkpoint: Path, port: int) -> dict:
     cancel["args"].update(
         max_documents=BURST_DOCUMENTS,
         max_request_tokens=1_000_000,
-        forward_batch_tokens=CANCEL_FORWARD_TOKENS,
+        scorer={**cancel["args"].get("scorer", {}), "max_batch_tokens": CANCEL_FORWARD_TOKENS},
     )
     cancel["deployments"][0]["user_config"] = {
         "max_batch_size": 4,

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from acare_ray.cli import build_parser
+from acare_ray.scoring import ScorerSettings
 from acare_ray.training.cli import config_from_args
 from acare_ray.training.config import TrainConfig
 
@@ -92,3 +93,23 @@ def test_resume_mismatches_name_the_settings_that_change_the_data_order():
         "seed: saved 0, now 1",
     ]
     assert TrainConfig.from_dict(saved) == TrainConfig(data="g.parquet", seed=0, lr=1e-5)
+
+
+def test_the_scorer_section_is_the_one_the_jobs_and_the_app_take():
+    """Issue 33.5: --backend and --max-length fill ``scorer`` (ScorerSettings, as in the
+    offline jobs and the Serve args); a run recorded with them flat reads back; a device or
+    dtype there is refused (the worker decides both)."""
+    config = _config(shlex.split("--data g --backend cross_encoder --max-length 320"))
+    assert config.scorer == ScorerSettings(backend="cross_encoder", max_length=320)
+    assert _config(["--data", "g"]).scorer == ScorerSettings()
+    assert TrainConfig.from_dict(config.to_dict()) == config
+    old = {k: v for k, v in config.to_dict().items() if k != "scorer"}
+    old |= {"backend": "cross_encoder", "max_length": 320}
+    assert TrainConfig.from_dict(old) == config
+    as_yaml = TrainConfig(data="g", scorer={"max_length": 320})
+    assert as_yaml.scorer == ScorerSettings(max_length=320)
+    for bad in ({"device": "cuda"}, {"dtype": "bfloat16"}):
+        with pytest.raises(ValueError, match="trainer places the model"):
+            TrainConfig(data="g", scorer=bad)
+    with pytest.raises(ValueError, match="unknown settings max_len"):
+        TrainConfig(data="g", scorer={"max_len": 320})
