@@ -17,26 +17,24 @@ Writes ``benchmarks/results/<name>.{json,md,png}`` (the in-process chart). A sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-import httpx
+from quality_musique import split_questions  # benchmarks/ is the script's own folder
+from report import commands_block, git_commit, machine_line
+
+from acare_ray.testing import free_port, running, wait_for_health
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from quality_musique import split_questions  # noqa: E402
-from report import commands_block, git_commit, machine_line  # noqa: E402
-
-from acare_ray.testing import free_port  # noqa: E402
 
 SUMMARY_KEYS = (
     "tasks",
@@ -81,52 +79,22 @@ def run_stage(name: str, command: list[str], work: Path, log) -> dict:
     return json.loads(report.read_text())
 
 
-class Server:
-    """``acare serve --model CHECKPOINT`` on a fresh local cluster (its own temp dir)."""
-
-    def __init__(self, checkpoint: str, work: Path, log) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.temp = Path(os.environ.get("TMPDIR", "/tmp")) / f"acare-bench-ray-{self.port}"
-        env = os.environ | {
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "ACARE_API_KEY": "",
-            "RAY_TMPDIR": str(self.temp),
-        }
-        self.command = acare(
-            "serve", "--model", checkpoint, "--port", str(self.port), "--address", "local"
-        )
-        self.log = (work / "serve.log").open("a")
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"acare serve exited {self.process.returncode}; see serve.log")
-            try:
-                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
-                    print(f"serving at {self.base}", file=log, flush=True)
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError("acare serve did not answer /health in 300 s")
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.temp, ignore_errors=True)
+@contextlib.contextmanager
+def serving(checkpoint: str, work: Path, log: TextIO) -> Iterator[str]:
+    """``acare serve --model CHECKPOINT`` on a fresh local cluster (its own Ray temp dir), run
+    and stopped by :func:`acare_ray.testing.running`; yields its base URL once healthy."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    temp = Path(tempfile.mkdtemp(prefix="acare-bench-ray-"))
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "ACARE_API_KEY": "", "RAY_TMPDIR": str(temp)}
+    command = acare("serve", "--model", checkpoint, "--port", str(port), "--address", "local")
+    try:
+        with running(command, work / "serve.log", env) as process:
+            wait_for_health(base, process, work / "serve.log", timeout_s=300)
+            print(f"serving at {base}", file=log, flush=True)
+            yield base
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def summary_row(system: str, where: str, agents: int, summary: dict) -> dict:
@@ -244,9 +212,10 @@ def served_stages(
     rows, agreement = [], {}
     levels = [int(a) for a in args.agents.split(",") if a]
     pending = [n for n in levels if not (stages.work / f"served-{n}" / "agent_bench.json").exists()]
-    server = Server(checkpoint, stages.work, stages.log) if pending else None
-    url = server.base if server else "http://127.0.0.1:8000"
-    try:
+    with contextlib.ExitStack() as stack:
+        url = "http://127.0.0.1:8000"  # unused: every stage's result is on disk already
+        if pending:
+            url = stack.enter_context(serving(checkpoint, stages.work, stages.log))
         for n in levels:
             served = stages.run(
                 f"served-{n}",
@@ -266,9 +235,6 @@ def served_stages(
                 local_tasks = {t["task_id"]: _outcome(t) for t in reference["tasks"][name]}
                 same = sum(local_tasks[t["task_id"]] == _outcome(t) for t in served["tasks"][name])
                 agreement[f"{name} at {n} agents"] = f"{same}/{len(served['tasks'][name])}"
-    finally:
-        if server is not None:
-            server.stop()
     return rows, agreement
 
 

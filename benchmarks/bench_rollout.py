@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 from functools import partial
@@ -29,10 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_autoscale import (  # noqa: E402
+from bench_autoscale import (  # benchmarks/ is the script's own folder
     APP,
     Monitor,
     add_load_flags,
@@ -51,9 +47,9 @@ from bench_autoscale import (  # noqa: E402
     save_result,
     start_ray,
 )
-from report import commands_block, git_commit, machine_line  # noqa: E402
+from report import commands_block, git_commit, machine_line
 
-from acare_ray.testing import free_port  # noqa: E402
+from acare_ray.testing import free_port
 
 
 def with_model(config: dict[str, Any], model: str) -> dict[str, Any]:

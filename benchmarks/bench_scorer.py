@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hf_recipe import OfficialRecipe
 from measure import H100_H200_BF16_DENSE_FLOPS, Measured, measure, non_embedding_params
 from report import environment, score_gap, summarise, targets, write
 from workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
 
 from acare_ray.scoring import Mode, Scorer
 from acare_ray.scoring.prompt import SYSTEM_PREFIX
+from acare_ray.scoring.reference import OfficialRecipe
 from acare_ray.testing import (
     TINY_QWEN3,
     build_random_qwen3,

@@ -72,10 +72,12 @@ def minilm_scorer():
 def naive_reference(tiny_qwen3_dir, tiny_scorer):
     """Per mode, the tiny Qwen3's scores of ``scoring_support``'s search by the official recipe
     (whole prompts, full forward): what every exact path of the causal scorer must equal."""
-    from scoring_support import CONTEXT, DOCUMENTS, naive_scores
+    from scoring_support import CONTEXT, DOCUMENTS
+
+    from acare_ray.scoring.reference import reference_scores
 
     return {
-        mode: naive_scores(
+        mode: reference_scores(
             tiny_qwen3_dir, [tiny_scorer.render(CONTEXT, d, mode) for d in DOCUMENTS]
         )
         for mode in Mode

@@ -4,10 +4,6 @@ candidates the online tests send."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from acare_ray.scoring import AgentContext
 
 QUERY = "capital population"
@@ -31,14 +27,3 @@ DOCUMENTS = [
     "Anna Berg is a singer.",
     "Velmoria is a small country.",
 ]
-
-
-def naive_scores(model_dir, texts: list[str]) -> np.ndarray:
-    """The official recipe: whole prompts, left padding, full model, last-position logits."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
-    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        logits = model(**batch).logits[:, -1, :]
-    return (logits[:, yes] - logits[:, no]).numpy()

@@ -8,12 +8,13 @@ import logging
 import numpy as np
 import pytest
 import torch
-from scoring_support import CONTEXT, DOCUMENTS, naive_scores
+from scoring_support import CONTEXT, DOCUMENTS
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3 import modeling_qwen3
 
 from acare_ray.scoring import AgentContext, Mode, Scorer
 from acare_ray.scoring.causal.load import build_causal_module, check_fast_path
+from acare_ray.scoring.reference import reference_scores
 from acare_ray.testing import TINY_QWEN3, build_random_qwen3, model_config_path
 
 LOGGER = "acare_ray.scoring.causal.load"
@@ -84,7 +85,7 @@ def test_documents_of_very_different_lengths(tiny_qwen3_dir, scorers):
     lengths = [len(scorers[0].backend.encoder.document_ids([d], [10_000])[0]) for d in VARIED]
     assert min(lengths) <= 2 and max(lengths) >= 300
     texts = [scorers[0].render(CONTEXT, d, Mode.M3) for d in VARIED]
-    want = naive_scores(tiny_qwen3_dir, texts)
+    want = reference_scores(tiny_qwen3_dir, texts)
     for scorer in scorers:
         got = scorer.score(CONTEXT, VARIED, Mode.M3)
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
@@ -158,7 +159,7 @@ def test_sliding_window_layers_take_the_fallback_and_stay_exact(sliding_dir, tin
     assert "sliding_attention" in warned[0] and "use_sliding_window=True" in warned[0]
     for mode in (Mode.M0, Mode.M3):
         texts = [scorer.render(CONTEXT, d, mode) for d in DOCUMENTS]
-        want = naive_scores(sliding_dir, texts)
+        want = reference_scores(sliding_dir, texts)
         got = scorer.score(CONTEXT, DOCUMENTS, mode)
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
         # the window binds: the same weights without it score differently
@@ -208,7 +209,9 @@ def test_a_layer_with_an_unknown_module_takes_the_fallback(
     assert any("post_feedforward_layernorm" in r.getMessage() for r in caplog.records)
     texts = [scorer.render(CONTEXT, d, Mode.M2) for d in DOCUMENTS]
     np.testing.assert_allclose(
-        scorer.score(CONTEXT, DOCUMENTS, Mode.M2), naive_scores(tiny_qwen3_dir, texts), atol=1e-4
+        scorer.score(CONTEXT, DOCUMENTS, Mode.M2),
+        reference_scores(tiny_qwen3_dir, texts),
+        atol=1e-4,
     )
 
 
@@ -232,7 +235,9 @@ def test_a_drift_no_structural_check_names_is_caught_by_the_probe(
     assert any("disagrees" in r.getMessage() for r in caplog.records)
     texts = [scorer.render(CONTEXT, d, Mode.M1) for d in DOCUMENTS]
     np.testing.assert_allclose(
-        scorer.score(CONTEXT, DOCUMENTS, Mode.M1), naive_scores(tiny_qwen3_dir, texts), atol=1e-4
+        scorer.score(CONTEXT, DOCUMENTS, Mode.M1),
+        reference_scores(tiny_qwen3_dir, texts),
+        atol=1e-4,
     )
 
 

@@ -221,30 +221,13 @@ def verify(scorer: Scorer, cases: Sequence[GoldenCase], source: str = "model") -
     return len(cases)
 
 
-def reference_scores(
-    model_dir: str, texts: Sequence[str], revision: str | None = None
-) -> np.ndarray:
-    """The official recipe: whole prompts, left padding, the full causal LM in float32,
-    last-position ``logit("yes") - logit("no")``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left", revision=revision)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, revision=revision
-    ).eval()
-    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
-    batch = tokenizer(list(texts), padding=True, return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        logits = model(**batch).logits[:, -1, :]
-    return (logits[:, yes] - logits[:, no]).numpy()
-
-
 def reference_mismatches(
     scorer: Scorer, model_dir: str, revision: str | None = None
 ) -> list[Mismatch]:
     """The synthetic cases scored by ``scorer`` against the official recipe on the official
     prompt (causal backends only)."""
     from acare_ray.scoring.prompt import render
+    from acare_ray.scoring.reference import reference_scores
 
     # Text that looks like control tokens is inert in the scorer but not in the plain recipe's
     # tokenizer, so the reference check uses the plain-text cases only.

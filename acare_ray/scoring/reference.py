@@ -1,4 +1,6 @@
-"""The official Hugging Face recipe for Qwen3-Reranker, as the baseline to beat.
+"""The official Hugging Face recipe for Qwen3-Reranker: the one reference our scores are checked
+against (the tests, :mod:`acare_ray.scoring.golden`'s check of a base model) and the baseline
+the benchmarks beat.
 
 Follows QwenLM/Qwen3-Embedding ``examples/qwen3_reranker_transformers.py`` (README): the system
 prefix and the suffix are tokenized once, each ``<Instruct>/<Query>/<Document>`` pair text is
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,6 +99,21 @@ class OfficialRecipe:
                 self.stats.batches.append(mask.shape[1])
                 out.append(self.compute_logits(inputs).cpu().numpy())
         return np.concatenate(out) if out else np.empty(0, dtype=np.float32)
+
+
+def reference_scores(
+    model_dir: str, texts: Sequence[str], revision: str | None = None
+) -> np.ndarray:
+    """Log-odds of whole rendered prompts (:func:`acare_ray.scoring.prompt.render`) by the
+    official recipe with the full causal LM in float32, all in one left-padded batch."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left", revision=revision)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, revision=revision
+    ).eval()
+    recipe = OfficialRecipe(model, tokenizer, max(len(texts), 1), last_logits_only=False)
+    return recipe.score([pair_body(text) for text in texts])
 
 
 def pair_body(prompt: str) -> str:
