@@ -27,6 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=CONFIG)
     parser.add_argument("--stages", default=None, help="passed to acare adopt (default: all)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument(
+        "--summarize",
+        default=None,
+        metavar="0,1,2",
+        help="run nothing: acare adopt --summarize-seeds, copied to adopt-seeds.{md,json}",
+    )
     return parser
 
 
@@ -35,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     from acare_ray.cli import main as acare
 
     args = build_parser().parse_args(argv)
+    if args.summarize:
+        return summarize(args)
     command = ["adopt", "--config", args.config, "--seed", str(args.seed)]
     if args.stages:
         command += ["--stages", args.stages]
@@ -61,6 +69,25 @@ def main(argv: list[str] | None = None) -> int:
             stages[path.stem] = json.loads(path.read_text())
         record = {"command": "acare " + " ".join(command), **stages}
         dump_json(record, out / f"adopt-seed{args.seed}.json")  # repository paths relative
+    return 0
+
+
+def summarize(args: argparse.Namespace) -> int:
+    """``acare adopt --summarize-seeds``, its files copied to ``adopt-seeds.{md,json}``."""
+    from acare_ray.adopt.config import AdoptConfig
+    from acare_ray.cli import main as acare
+
+    code = acare(["adopt", "--config", args.config, "--summarize-seeds", args.summarize])
+    if code:
+        return code
+    work = AdoptConfig.read(args.config).work
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from report import REPO, dump_json  # benchmarks/ is the script's own folder
+
+    text = (work / "seeds.md").read_text().replace(f"{REPO}/", "")
+    (out / "adopt-seeds.md").write_text(text)
+    dump_json(json.loads((work / "seeds.json").read_text()), out / "adopt-seeds.json")
     return 0
 
 

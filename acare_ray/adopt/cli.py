@@ -19,6 +19,8 @@ def adopt_command(args: argparse.Namespace) -> int:
             k: v for k, v in (("seed", args.seed), ("work_dir", args.work_dir)) if v is not None
         }
         config = dataclasses.replace(config, **overrides)
+        if args.summarize_seeds:
+            return _summarize(config, args.summarize_seeds)
         stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
         unknown = sorted(set(stages) - set(STAGES))
         if unknown:
@@ -35,6 +37,22 @@ def adopt_command(args: argparse.Namespace) -> int:
         print(f"report: {report['files']['markdown']}")
     else:
         print(f"stages done: {', '.join(k for k in results)} (in {config.work})")
+    return 0
+
+
+def _summarize(config, seeds_text: str) -> int:
+    from acare_ray.adopt.seeds import write_summary
+
+    try:
+        seeds = [int(s) for s in seeds_text.split(",") if s.strip()]
+    except ValueError:
+        message = f"--summarize-seeds: integers separated by commas, got {seeds_text!r}"
+        raise ValueError(message) from None
+    summary = write_summary(config.work, seeds)
+    verdict = summary["verdict"]
+    word = {True: "holds", False: "does not hold", None: "undecided"}[verdict["holds"]]
+    print(f"across seeds {seeds}: the claim {word} ({verdict['reason']})")
+    print(f"summary: {summary['files']['markdown']}")
     return 0
 
 
@@ -57,4 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=None, help="training seed (overrides config)")
     parser.add_argument("--work-dir", default=None, help="overrides the config's work_dir")
+    parser.add_argument(
+        "--summarize-seeds",
+        default=None,
+        metavar="0,1,2",
+        help="run nothing: put these seeds' finished stages side by side (mean, spread, worst "
+        "seed, the verdict) in <work_dir>/seeds.md and seeds.json",
+    )
     parser.set_defaults(func=adopt_command)

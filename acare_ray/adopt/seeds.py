@@ -1,0 +1,225 @@
+"""``acare adopt --summarize-seeds 0,1,2``: one claim across training seeds.
+
+A result holds only when it holds across seeds. This reads what each seed's stages wrote
+(``<work_dir>/seed<N>/{fit,test,loop,report}.json``) and puts them side by side: per seed the
+stored setting, the test's session-paired nDCG@10 of the stored (fused M3) system against the
+first stage and against fused M0, the decision, and the agent loop's solved tasks and searches
+per task against BM25; across seeds the mean, the spread (max - min), the standard deviation and
+the worst seed. Then the verdict the adopt issue asks of the recipe:
+
+- every seed's stored system at or above the first stage on test (session-paired mean);
+- mean gain at least ``min_mean_gain`` (+0.02 nDCG@10);
+- no seed significantly below the first stage (its 95% interval below 0 and Holm p < 0.05);
+- mean fused M3 above mean fused M0;
+- in the agent loop, mean over the seeds: the stored system solves at least as many tasks as
+  BM25 with no more searches per task, or a seed stored the first-stage order (said).
+
+Writes ``<work_dir>/seeds.md`` and ``seeds.json``. Seeds whose test stage has not run are
+listed as missing; the verdict needs them all.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MIN_MEAN_GAIN = 0.02
+ALPHA = 0.05
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _row(tests: list[dict[str, Any]], a: str, b: str) -> dict[str, Any] | None:
+    return next((t for t in tests if t["a"] == a and t["b"] == b), None)
+
+
+def seed_record(seed_dir: Path) -> dict[str, Any] | None:
+    """One seed's figures from its stage files; None when its test stage has not run."""
+    test = _read(seed_dir / "test.json")
+    if test is None:
+        return None
+    stored = test["stored"]
+    tests = test["tests"]
+    vs_first = _row(tests, "first_stage", stored)
+    if vs_first is None:
+        raise ValueError(f"{seed_dir}/test.json has no first_stage vs {stored} test")
+    vs_m0 = next((t for t in tests if t["a"].startswith("M0+") and t["b"] == stored), None)
+    report = _read(seed_dir / "report.json") or {}
+    fit = (_read(seed_dir / "fit.json") or {}).get("M3", {})
+    record: dict[str, Any] = {
+        "stored": stored,
+        "fit_decision": fit.get("decision"),
+        "first_stage": vs_first["mean_a"],
+        "fused_m3": vs_first["mean_b"],
+        "gain": vs_first["diff"],
+        "ci95": vs_first["ci95"],
+        "p_holm": vs_first["p_holm"],
+        "sessions": vs_first["sessions"],
+        "fused_m0": vs_m0["mean_a"] if vs_m0 else None,
+        "fused_m0_label": vs_m0["a"] if vs_m0 else None,
+        "m3_over_m0": vs_m0["diff"] if vs_m0 else None,
+        "m3_over_m0_p_holm": vs_m0["p_holm"] if vs_m0 else None,
+        "decision": (report.get("overall") or {}).get("decision"),
+    }
+    loop = _read(seed_dir / "loop.json")
+    if loop is not None:
+        systems = loop["report"]["systems"]
+        fused = [name for name in systems if name.startswith("M3")]
+        if "bm25" in systems and fused:
+            bm25, m3 = systems["bm25"], systems[fused[0]]
+            record["loop"] = {
+                "system": fused[0],
+                "bm25_solved": bm25["solved"],
+                "solved": m3["solved"],
+                "tasks": m3["tasks"],
+                "bm25_searches_per_task": bm25["searches_per_task"],
+                "searches_per_task": m3["searches_per_task"],
+            }
+    return record
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "spread": max(values) - min(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "worst": min(values),
+    }
+
+
+def summarize(
+    work: Path, seeds: Sequence[int], min_mean_gain: float = MIN_MEAN_GAIN
+) -> dict[str, Any]:
+    """The per-seed records, the across-seed statistics and the verdict (see the module
+    docstring)."""
+    records = {seed: seed_record(work / f"seed{seed}") for seed in seeds}
+    done = {seed: r for seed, r in records.items() if r is not None}
+    missing = [seed for seed, r in records.items() if r is None]
+    out: dict[str, Any] = {"seeds": list(seeds), "missing": missing, "per_seed": done}
+    if not done:
+        out["verdict"] = {"holds": None, "reason": "no seed has finished its test stage"}
+        return out
+    gains = [r["gain"] for r in done.values()]
+    across = {
+        "gain": _spread(gains),
+        "fused_m3": _spread([r["fused_m3"] for r in done.values()]),
+        "first_stage": _spread([r["first_stage"] for r in done.values()]),
+    }
+    m0 = [r["fused_m0"] for r in done.values() if r["fused_m0"] is not None]
+    if len(m0) == len(done):
+        across["fused_m0"] = _spread(m0)
+    worst_seed = min(done, key=lambda s: done[s]["gain"])
+    loops = [r["loop"] for r in done.values() if "loop" in r]
+    if len(loops) == len(done):
+        across["loop"] = {
+            "bm25_solved": statistics.fmean(x["bm25_solved"] for x in loops),
+            "solved": statistics.fmean(x["solved"] for x in loops),
+            "bm25_searches_per_task": statistics.fmean(x["bm25_searches_per_task"] for x in loops),
+            "searches_per_task": statistics.fmean(x["searches_per_task"] for x in loops),
+        }
+    checks = {
+        "every seed at or above the first stage": all(g >= 0 for g in gains),
+        f"mean gain at least {min_mean_gain:+.2f}": across["gain"]["mean"] >= min_mean_gain,
+        "no seed significantly below the first stage": not any(
+            r["ci95"] and r["ci95"][1] < 0 and r["p_holm"] < ALPHA for r in done.values()
+        ),
+    }
+    if "fused_m0" in across:
+        checks["mean fused M3 above mean fused M0"] = (
+            across["fused_m3"]["mean"] > across["fused_m0"]["mean"]
+        )
+    if "loop" in across:
+        loop = across["loop"]
+        passed = [r for r in done.values() if r["fit_decision"] == "pass-through"]
+        checks["agent loop: solves as many tasks as BM25 with no more searches"] = bool(passed) or (
+            loop["solved"] >= loop["bm25_solved"]
+            and loop["searches_per_task"] <= loop["bm25_searches_per_task"]
+        )
+    failed = [name for name, ok in checks.items() if not ok]
+    if missing:
+        holds, reason = None, f"seeds {missing} have not finished their test stage"
+    elif failed:
+        holds, reason = False, "not met: " + "; ".join(failed)
+    else:
+        holds, reason = True, "every check holds across the seeds"
+    out |= {
+        "across": across,
+        "worst_seed": worst_seed,
+        "checks": checks,
+        "verdict": {"holds": holds, "reason": reason},
+    }
+    return out
+
+
+def _f(value: float | None, digits: int = 3, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        "# acare adopt across seeds",
+        "",
+        "Test split, session-paired nDCG@10 (each seed's stored system, fused M3, against the "
+        "first stage and against fused M0, Holm-corrected within the seed); agent loop on the "
+        "loop tasks.",
+        "",
+        "| seed | stored | first stage | fused M3 | gain [95% CI] | Holm p | fused M0 | "
+        "decision | loop solved (BM25) | searches/task (BM25) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for seed, r in summary["per_seed"].items():
+        low, high = r["ci95"] or (None, None)
+        loop = r.get("loop")
+        lines.append(
+            f"| {seed} | {r['stored']} | {_f(r['first_stage'])} | {_f(r['fused_m3'])} | "
+            f"{_f(r['gain'], sign=True)} [{_f(low, sign=True)}, {_f(high, sign=True)}] | "
+            f"{r['p_holm']:.3g} | {_f(r['fused_m0'])} | {r['decision'] or '-'} | "
+            + (
+                f"{loop['solved']}/{loop['tasks']} ({loop['bm25_solved']}) | "
+                f"{loop['searches_per_task']:.2f} ({loop['bm25_searches_per_task']:.2f}) |"
+                if loop
+                else "- | - |"
+            )
+        )
+    if summary["missing"]:
+        lines += ["", f"Missing (test stage not run): seeds {summary['missing']}."]
+    across = summary.get("across")
+    if across:
+        gain = across["gain"]
+        lines += [
+            "",
+            f"Across {len(summary['per_seed'])} seeds: gain mean {gain['mean']:+.3f}, spread "
+            f"{gain['spread']:.3f}, sd {gain['sd']:.3f}, worst {gain['worst']:+.3f} (seed "
+            f"{summary['worst_seed']}); fused M3 mean {across['fused_m3']['mean']:.3f}"
+            + (f", fused M0 mean {across['fused_m0']['mean']:.3f}" if "fused_m0" in across else "")
+            + f", first stage {across['first_stage']['mean']:.3f}.",
+        ]
+        if "loop" in across:
+            loop = across["loop"]
+            lines.append(
+                f"Agent loop, mean over seeds: solved {loop['solved']:.1f} vs BM25 "
+                f"{loop['bm25_solved']:.1f}; searches per task {loop['searches_per_task']:.2f} "
+                f"vs {loop['bm25_searches_per_task']:.2f}."
+            )
+        lines += ["", "| check | holds |", "|---|---|"]
+        lines += [f"| {name} | {'yes' if ok else 'no'} |" for name, ok in summary["checks"].items()]
+    verdict = summary["verdict"]
+    word = {True: "holds", False: "does not hold", None: "undecided"}[verdict["holds"]]
+    lines += ["", f"**Verdict: the claim {word}** ({verdict['reason']})."]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(work: Path, seeds: Sequence[int]) -> dict[str, Any]:
+    """:func:`summarize`, written to ``<work>/seeds.json`` and ``seeds.md``."""
+    summary = summarize(work, seeds)
+    (work / "seeds.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (work / "seeds.md").write_text(markdown(summary))
+    summary["files"] = {"json": str(work / "seeds.json"), "markdown": str(work / "seeds.md")}
+    return summary

@@ -1,0 +1,63 @@
+"""``acare adopt --summarize-seeds``: the claim is judged across seeds, from the stage files."""
+
+from __future__ import annotations
+
+import pytest
+from adopt_support import write_seed
+
+from acare_ray.adopt.seeds import summarize, write_summary
+from acare_ray.cli import main
+
+
+def test_three_good_seeds_hold_with_mean_spread_and_worst(tmp_path):
+    write_seed(tmp_path, 0, 0.045, (0.024, 0.069), 0.0005)
+    write_seed(tmp_path, 1, 0.010, (-0.01, 0.03), 0.3)
+    write_seed(tmp_path, 2, 0.020, (0.001, 0.04), 0.04)
+    summary = summarize(tmp_path, [0, 1, 2])
+    gain = summary["across"]["gain"]
+    assert gain["mean"] == pytest.approx(0.025) and gain["spread"] == pytest.approx(0.035)
+    assert gain["worst"] == pytest.approx(0.010) and summary["worst_seed"] == 1
+    assert summary["verdict"]["holds"] is True, summary["checks"]
+    assert summary["across"]["loop"]["solved"] == 92
+
+
+@pytest.mark.parametrize(
+    ("seeds", "failed"),
+    [
+        ([(0.05, (0.02, 0.08), 0.001), (-0.001, (-0.02, 0.02), 0.9)], "every seed at or above"),
+        ([(0.01, (-0.01, 0.03), 0.3), (0.015, (-0.01, 0.04), 0.3)], "mean gain at least"),
+        ([(0.09, (0.05, 0.12), 0.001), (-0.03, (-0.05, -0.01), 0.01)], "significantly below"),
+    ],
+)
+def test_a_claim_that_fails_in_one_seed_does_not_hold(tmp_path, seeds, failed):
+    for seed, (gain, ci, p) in enumerate(seeds):
+        write_seed(tmp_path, seed, gain, ci, p)
+    summary = summarize(tmp_path, range(len(seeds)))
+    assert summary["verdict"]["holds"] is False
+    assert failed in summary["verdict"]["reason"]
+
+
+def test_fused_m0_above_fused_m3_and_fewer_solved_tasks_fail(tmp_path):
+    write_seed(tmp_path, 0, 0.03, (0.01, 0.05), 0.01, m0=0.86, solved=90)
+    summary = summarize(tmp_path, [0])
+    assert not summary["checks"]["mean fused M3 above mean fused M0"]
+    loop_check = "agent loop: solves as many tasks as BM25 with no more searches"
+    assert not summary["checks"][loop_check]
+
+
+def test_a_missing_seed_leaves_the_verdict_open_and_the_cli_writes_the_summary(tmp_path, capsys):
+    write_seed(tmp_path, 0, 0.045, (0.024, 0.069), 0.0005)
+    summary = write_summary(tmp_path, [0, 1])
+    assert summary["missing"] == [1] and summary["verdict"]["holds"] is None
+    config = tmp_path / "adopt.yaml"
+    config.write_text(
+        f"work_dir: {tmp_path}\nsources:\n  - name: traces\n    searches: s.parquet\n    test: 5\n"
+    )
+    assert main(["adopt", "--config", str(config), "--summarize-seeds", "0,1"]) == 0, (
+        capsys.readouterr().err
+    )
+    out = capsys.readouterr().out
+    assert "undecided" in out and "seeds [1] have not finished" in out
+    text = (tmp_path / "seeds.md").read_text()
+    assert "| 0 | M3+linear:alpha=0.3 | 0.800 | 0.845 | +0.045 [+0.024, +0.069]" in text
+    assert main(["adopt", "--config", str(config), "--summarize-seeds", "0,x"]) == 2
