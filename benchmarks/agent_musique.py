@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from quality_musique import split_questions  # benchmarks/ is the script's own folder
-from report import commands_block, git_commit, machine_line
+from report import commands_block, git_commit, machine_line, write_report
 
 from acare_ray.testing import free_port, running, wait_for_health
 
@@ -103,7 +103,7 @@ def summary_row(system: str, where: str, agents: int, summary: dict) -> dict:
     }
 
 
-def write_markdown(result: dict, path: Path) -> None:
+def markdown(result: dict) -> str:
     lines = [
         "# Agent loop on MuSiQue: BM25 alone vs the MuSiQue-trained MiniLM (M0, M2, M3)",
         "",
@@ -154,7 +154,7 @@ def write_markdown(result: dict, path: Path) -> None:
         + " (tasks with identical outcomes / all).",
         *commands_block(result["commands"]),
     ]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def parse_args() -> argparse.Namespace:
@@ -308,10 +308,8 @@ def main() -> None:
         "commands": [relative(c) for c in stages.commands],
     }
     out = Path(args.out)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    write_markdown(result, out / f"{args.name}.md")
+    write_report(result, out, args.name, markdown(result))
     shutil.copyfile(work / "inprocess" / "agent_bench.png", out / f"{args.name}.png")
-    print((out / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from report import commands_block, git_commit, machine_line
+from report import commands_block, git_commit, machine_line, write_report
 
 from acare_ray.scoring import DEFAULT_MODEL
 from acare_ray.testing import free_port
@@ -433,7 +433,7 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def markdown(result: dict[str, Any]) -> str:
     a = result["args"]
     lines = [
         "# Autoscaling on CPU: 1 to 2 replicas (acare's pressure policy and Serve's default) vs a "
@@ -492,7 +492,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "refusals left out).",
         *commands_block(result["commands"]),
     ]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def add_load_flags(parser: argparse.ArgumentParser, tasks_help: str | None = None) -> None:
@@ -535,15 +535,13 @@ def save_result(
     result: dict[str, Any],
     out: Path,
     name: str,
-    write_markdown: Callable[[dict[str, Any], Path], None],
+    markdown: Callable[[dict[str, Any]], str],
     write_chart: Callable[[Path], None],
 ) -> dict[str, Any]:
-    """``<out>/<name>.json``, ``.md`` and ``.png`` of a run's ``result``; prints the markdown
-    and returns ``result``."""
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    write_markdown(result, out / f"{name}.md")
+    """``<out>/<name>.json`` and ``.md`` (:func:`report.write_report`) and ``.png`` of a run's
+    ``result``; returns ``result``."""
+    write_report(result, out, name, markdown(result))
     write_chart(out / f"{name}.png")
-    print((out / f"{name}.md").read_text())
     return result
 
 
@@ -613,7 +611,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "target_speedup": TARGET_SPEEDUP,
         "commands": run_commands("bench_autoscale.py", argv, args),
     }
-    return save_result(result, out, args.name, write_markdown, partial(write_chart, rows))
+    return save_result(result, out, args.name, markdown, partial(write_chart, rows))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report import dump_json
+from report import write_report
 from workloads import REASONING_SOURCE, Search, musique_workload
 
 from acare_ray.scoring import Mode, Scorer
@@ -341,11 +341,8 @@ def markdown(report: dict, label: str) -> str:
 
 
 def write(report: dict, out: Path, label: str) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / f"{label}.json", out / f"{label}.md"
-    dump_json(report, json_path)
-    md_path.write_text(markdown(report, label))
-    return json_path, md_path
+    write_report(report, out, label, markdown(report, label))
+    return out / f"{label}.json", out / f"{label}.md"
 
 
 def parse_args(argv: list[str] | None = None) -> BenchConfig:

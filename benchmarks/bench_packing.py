@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from bench_scorer import BenchConfig, build_model
 from measure import measure
-from report import dump_json, environment
+from report import environment, write_report
 from workloads import fixed_workload
 
 from acare_ray.scoring import Mode, Scorer
@@ -165,11 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["max_abs_diff"] > limit:
             raise SystemExit(f"packed scores differ by {r['max_abs_diff']:.2e} (> {limit:.2e})")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = args.name or f"packing-{args.device}-{args.config}-{args.dtype}"
-    dump_json(report, out / f"{name}.json")
-    (out / f"{name}.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(report, out, name, markdown(report))
     print(f"wrote {out / name}.{{json,md}} ({time.perf_counter() - began:.0f} s)")
     return 0
 

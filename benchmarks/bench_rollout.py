@@ -152,7 +152,7 @@ def write_chart(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> None:
+def markdown(result: dict[str, Any]) -> str:
     a, m, s, b = result["args"], result["marks"], result["switch"], result["agent_bench"]
     lat = b["latency_ms"] or {}
     lines = [
@@ -178,7 +178,7 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "Times are seconds since the agents started.",
         *commands_block(result["commands"]),
     ]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "timeline": monitor.samples,
         "commands": run_commands("bench_rollout.py", argv, args),
     }
-    return save_result(result, out, args.name, write_markdown, partial(write_chart, result))
+    return save_result(result, out, args.name, markdown, partial(write_chart, result))
 
 
 if __name__ == "__main__":

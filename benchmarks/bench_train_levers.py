@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from report import dump_json, environment
+from report import environment, write_report
 
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.hotpotqa import hotpotqa_searches
@@ -91,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         "bf16_speedup": median["fp32"] / median["bf16"],
         "first_batch_loss": first,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dump_json(result, out / "train-levers-cpu-minilm.json")
     md = [
         "# Training speed levers, CPU, MiniLM",
         "",
@@ -110,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['padding_share']:.1%} (pairs are padded to the longest of their micro-batch).",
         "",
     ]
-    (out / "train-levers-cpu-minilm.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_report(result, Path(args.out), "train-levers-cpu-minilm", "\n".join(md))
     return 0
 
 

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from report import write_report  # benchmarks/ is the script's own folder
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH_ARGS = ["--workload", "fixed", "--rounds", "2", "--official-pairs", "0"]
 
@@ -111,11 +113,7 @@ def main() -> int:
         "bench_args": bench_args,
         "modes": summary(runs),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(result, Path(args.out), args.name, markdown(result))
     return 0
 
 

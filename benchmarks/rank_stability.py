@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default=None, help="results file suffix (default: the device)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    from report import dump_json, git_commit  # benchmarks/ is the script's own folder
+    from report import git_commit, write_report  # benchmarks/ is the script's own folder
 
     items = searches(args.searches)
     report = {
@@ -177,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                 path = str(build_random_qwen3(Path(tmp) / "tiny-qwen3"))
             name = Path(model).name if Path(model).exists() else model
             report["models"][name] = run_model(path, items, args.device)
-    out = Path(args.out)
-    tag = args.tag or args.device
-    dump_json(report, out / f"rank-stability-{tag}.json")
-    (out / f"rank-stability-{tag}.md").write_text(markdown(report))
+    write_report(
+        report, Path(args.out), f"rank-stability-{args.tag or args.device}", markdown(report)
+    )
     print(json.dumps({m: r["variants"] for m, r in report["models"].items()}, indent=1))
     return 0
 
