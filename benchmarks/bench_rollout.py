@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_autoscale import (  # benchmarks/ is the script's own folder
+from cluster_bench import (  # benchmarks/ is the script's own folder
     APP,
     Monitor,
     add_load_flags,
