@@ -190,3 +190,22 @@ def test_acare_serve_keeps_hub_ids_and_reports_a_missing_config(capsys, tmp_path
     assert config["applications"][0]["args"]["model"] == "Qwen/Qwen3-Reranker-0.6B"
     assert main(["serve", "--config", str(tmp_path / "nope.yaml"), "--print-config"]) == 2
     assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_every_shipped_autoscaling_config_scales_on_refused_and_queued_work():
+    """Issue 35.1: an autoscaling deployment in a shipped config (and so the RayService, which
+    embeds gpu.yaml) uses the pressure policy, whose function Serve can import."""
+    import importlib
+
+    from acare_ray.online.autoscaling import pressure_policy
+
+    scaled = [
+        (path.name, deployment["autoscaling_config"])
+        for path in CONFIGS
+        for _, deployment in deployments(load(path))
+        if "autoscaling_config" in deployment
+    ]
+    assert {name for name, _ in scaled} >= {"gpu.yaml", "cpu-autoscale.yaml"}
+    for name, scaling in scaled:
+        module, _, function = scaling["policy"]["policy_function"].partition(":")
+        assert getattr(importlib.import_module(module), function) is pressure_policy, name
