@@ -63,12 +63,12 @@ class ScorerActor:
         top_k: int | None = None,
         scorer_options: dict[str, Any] | None = None,
         cpus: float = 1.0,
-        fusion: dict[str, Any] | None = None,
+        fusion: FusionConfig | None = None,
     ) -> None:
         self.scorer = load_scorer(model, cpus, scorer_options or {})
         self.modes = tuple(modes)
         self.top_k = top_k
-        self.fusion = FusionConfig.from_dict(fusion) if fusion else None
+        self.fusion = fusion
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = rerank_rows(self.scorer, table_rows(batch), self.modes, self.top_k, self.fusion)

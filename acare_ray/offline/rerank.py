@@ -43,7 +43,8 @@ class RerankConfig:
     retry_errors: bool = False
 
     def __post_init__(self) -> None:
-        parse_mode(self.mode)
+        mode = parse_mode(self.mode)  # parsed once: the job and its manifest use its value
+        object.__setattr__(self, "mode", mode.value if isinstance(mode, Mode) else mode)
         resolve_fusion(self.fusion, None)
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
@@ -55,8 +56,7 @@ class RerankConfig:
 
 def run(config: RerankConfig) -> JobCounts:
     """Run the rerank job; returns its counts."""
-    mode = parse_mode(config.mode)
-    mode = mode.value if isinstance(mode, Mode) else mode
+    mode = config.mode
     options = actor_scorer(config.scorer, config.revision)
     fusion = config.resolved_fusion()
     # Unfused jobs keep the manifest they always had, so outputs written before fusion resume.
@@ -71,7 +71,7 @@ def run(config: RerankConfig) -> JobCounts:
             "modes": (mode,),
             "top_k": config.top_k,
             "scorer_options": options,
-            "fusion": fusion.as_dict() if fusion.enabled else None,
+            "fusion": fusion if fusion.enabled else None,
         },
         manifest={
             "model": config.model,
