@@ -38,7 +38,8 @@ def test_the_benchmark_script_is_the_same_command():
 
 
 def test_the_documented_seed_summary_runs_as_written(tmp_path, monkeypatch, capsys):
-    """docs/training.md's ``acare adopt ... --summarize-seeds 0,1,2``, as written, in a folder
+    """The README's and docs/training.md's ``acare adopt ... --summarize-seeds 0,1,2``, as
+    written, in a folder
     holding the committed config and one finished seed: it writes the summary and leaves the
     verdict open for the two missing seeds."""
     import shutil
@@ -47,8 +48,13 @@ def test_the_documented_seed_summary_runs_as_written(tmp_path, monkeypatch, caps
 
     from acare_ray.cli import main
 
-    doc = (BENCHMARKS.parent / "docs" / "training.md").read_text()
-    line = next(x for x in doc.splitlines() if "--summarize-seeds" in x and x.startswith("acare"))
+    lines = {
+        x
+        for doc in ("README.md", "docs/training.md")
+        for x in (BENCHMARKS.parent / doc).read_text().splitlines()
+        if "--summarize-seeds" in x and x.startswith("acare")
+    }
+    (line,) = lines  # README and docs/training.md give the same command
     (tmp_path / "adopt_configs").mkdir()
     shutil.copy(BENCHMARKS.parent / CONFIG_PATH, tmp_path / CONFIG_PATH)
     monkeypatch.chdir(tmp_path)
