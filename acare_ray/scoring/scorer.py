@@ -180,10 +180,11 @@ class Scorer:
     ) -> list[np.ndarray]:
         """``score`` for several searches at once (tokenized in one call, batched together)."""
         parse_mode(mode)
-        searches = [
-            (context, context.resolve_mode(mode), documents) for context, documents in items
-        ]
-        return [scored.scores for scored in self.score_resolved(searches, cancel)]
+        searches = []
+        for context, documents in items:
+            resolved = context.resolve_mode(mode)  # checks the fields a forced mode reads
+            searches.append((context.for_mode(resolved), resolved, check_documents(documents)))
+        return [scored.scores for scored in self._score(searches, cancel)]
 
     def score_resolved(
         self,
@@ -202,9 +203,12 @@ class Scorer:
             if missing := context.missing_field(mode):
                 raise missing_field_error(mode, missing)
             ready.append((context.for_mode(mode), mode, check_documents(documents)))
+        return self._score(ready, cancel)
+
+    def _score(self, searches: list, cancel: CancelFn | None) -> list[ScoredSearch]:
         if cancel is None:
-            return self.backend.score_searches(ready)
-        return self.backend.score_searches(ready, cancel=cancel)
+            return self.backend.score_searches(searches)
+        return self.backend.score_searches(searches, cancel=cancel)
 
     def rank(
         self,

@@ -4,14 +4,13 @@ without Ray, admission wired the way the deployment wires it."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from acare_ray.online.admission import Admission
-from acare_ray.online.http import Scored
+from acare_ray.online.http import inline_score
 from acare_ray.online.service import RerankService
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,15 +35,14 @@ def admitted_scoring(service: RerankService, admission: Admission):
     it (admitted by the job's token bound, refused with the decision's refusal, done once
     answered), scoring inline on a thread; a job the service answers with an error raises it."""
 
+    scored = inline_score(service)
+
     async def score(job, client):
         decision = admission.admit(job.bound, client)
         if not decision.admitted:
             raise decision.refusal(admission.deadline_s)
         try:
-            (out,) = await asyncio.to_thread(service.score, [job])
-            if isinstance(out, Exception):
-                raise out
-            return Scored(out.scores, out.tokens)
+            return await scored(job, client)
         finally:
             admission.done(job.bound, client)
 
