@@ -410,8 +410,10 @@ def run(config: TrainConfig) -> Path:
         else tuple(_absolute(p) for p in config.data),
         val_data=_absolute(config.val_data),
         model=_absolute(config.model),
+        # Ray Train reads a run folder as a URI: a relative one has no scheme
+        output=str(Path(config.output).expanduser().resolve()),
     )
-    Path(config.output).expanduser().mkdir(parents=True, exist_ok=True)
+    Path(config.output).mkdir(parents=True, exist_ok=True)
     saved = saved_run_config(config)
     if saved is not None:  # refused here, before any worker starts (the workers check again)
         refuse_other_settings(config, saved)
@@ -465,7 +467,8 @@ def finished_checkpoint(config: TrainConfig) -> Path | None:
     from ray.train import Result
 
     try:
-        checkpoint = Result.from_path(str(ckpt.run_dir(config.output, config.name))).checkpoint
+        folder = ckpt.run_dir(config.output, config.name).resolve()  # a URI to Ray: absolute
+        checkpoint = Result.from_path(str(folder)).checkpoint
     except RuntimeError:  # no checkpoint registered yet
         return None
     if checkpoint is None:

@@ -348,6 +348,11 @@ def test_relaunch_of_a_finished_run_returns_its_final_checkpoint(reference, monk
 
     monkeypatch.setattr(trainer, "build_trainer", no_train_run)
     assert run(config) == Path(result.checkpoint.path)
+    # the same run named by a relative output folder (as `acare adopt` names it)
+    output = Path(config.output)
+    monkeypatch.chdir(output.parent)
+    relative = TrainConfig.from_dict({**config.to_dict(), "output": output.name})
+    assert run(relative) == Path(result.checkpoint.path)
 
 
 def test_early_stopping_keeps_the_best_checkpoint_not_the_last(
