@@ -175,7 +175,9 @@ class WorkerRun:
         import ray.train
 
         config = self.config
-        if self.start_step == 0 and config.eval_at_start:
+        # A run restored from its step-0 checkpoint has validated step 0 already (its history
+        # says so): validating and saving again would register checkpoint_0000000 twice.
+        if self.start_step == 0 and config.eval_at_start and not self.history:
             metrics = {"step": 0, "elapsed_s": 0.0, **self.validation()}
             self.history.append(metrics)
             if config.select_metric is not None:

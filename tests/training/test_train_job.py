@@ -172,28 +172,64 @@ def _snapshot_lists(run_dir: Path, checkpoint: str) -> bool:
     return snapshot.is_file() and checkpoint in snapshot.read_text()
 
 
-def test_killed_run_relaunched_resumes_at_its_checkpoint(reference, task, tiny_qwen3_dir, tmp_path):
-    ref_config, ref_result = reference
-    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "killed")
-    run_dir = tmp_path / "runs" / "killed"
+def _train_until_killed(
+    config: TrainConfig, run_dir: Path, checkpoint: str, log_path: Path
+) -> None:
+    """``acare train`` with ``config``'s settings in a subprocess, SIGKILLed as soon as Ray
+    Train lists ``checkpoint``."""
     command = [sys.executable, "-m", "acare_ray.cli", "train", "--data", config.data]
     command += ["--val-data", config.val_data, "--model", config.model]
     command += ["--output", config.output, "--name", config.name, "--workers", "2"]
-    command += ["--batch-groups", "2", "--max-steps", "12", "--checkpoint-every", "4"]
+    command += ["--batch-groups", "2", "--max-steps", str(config.max_steps)]
+    command += ["--checkpoint-every", str(config.checkpoint_every)]
     command += ["--keep-checkpoints", "2", "--lr", "3e-3", "--warmup-ratio", "0"]
     command += ["--eval-modes", "M0,M3", "--log-every", "4"]
+    if config.select_metric is not None:
+        command += ["--select-metric", config.select_metric]
     command += ["--ray-address", ray.get_runtime_context().gcs_address]
-    with open(tmp_path / "killed.log", "w") as log:
+    with open(log_path, "w") as log:
         driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
         try:
             deadline = time.monotonic() + 300
-            while not _snapshot_lists(run_dir, "checkpoint_0000004"):
-                assert driver.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            while not _snapshot_lists(run_dir, checkpoint):
+                assert driver.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"no {checkpoint} within 300 s"
                 time.sleep(0.2)
         finally:
             os.kill(driver.pid, signal.SIGKILL)
             driver.wait()
+
+
+def test_a_run_killed_after_its_step_0_checkpoint_resumes_without_redoing_it(
+    reference, task, tiny_qwen3_dir, tmp_path
+):
+    """With a selection metric the untrained model is checkpointed (step 0). A run killed
+    right after that resumes at step 0 without validating and saving step 0 again (which
+    registered checkpoint_0000000 twice, and Ray Train then deleted the folder it restored)."""
+    config = TrainConfig.from_dict(
+        {
+            **_config(task, tiny_qwen3_dir, tmp_path / "runs", "early").to_dict(),
+            "checkpoint_every": 12,
+            "select_metric": "val/nDCG@10/M3",
+        }
+    )
+    run_dir = tmp_path / "runs" / "early"
+    _train_until_killed(config, run_dir, "checkpoint_0000000", tmp_path / "early.log")
+    assert not _snapshot_lists(run_dir, "checkpoint_0000012"), "the run finished before the kill"
+
+    final = run(config)
+
+    latest = read_training_info(run_dir / "checkpoint_0000012")
+    assert [h["step"] for h in latest["history"]] == [0, 12]
+    assert latest["resumes"] == [0]
+    assert final.name in ("checkpoint_0000000", "checkpoint_0000012")
+
+
+def test_killed_run_relaunched_resumes_at_its_checkpoint(reference, task, tiny_qwen3_dir, tmp_path):
+    ref_config, ref_result = reference
+    config = _config(task, tiny_qwen3_dir, tmp_path / "runs", "killed")
+    run_dir = tmp_path / "runs" / "killed"
+    _train_until_killed(config, run_dir, "checkpoint_0000004", tmp_path / "killed.log")
     assert not _snapshot_lists(run_dir, "checkpoint_0000012"), "the run finished before the kill"
 
     final = run(config)
