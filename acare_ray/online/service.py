@@ -136,7 +136,7 @@ class ScoringJob:
         """The documents as the scorer gets them: each with the ids ``prepare`` made for it,
         if it made them (:attr:`tokenized`), so it is not tokenized again."""
         made = self.tokenized or (None,) * len(self.documents)
-        return [ids if ids is not None else doc for doc, ids in zip(self.documents, made)]
+        return [t if t is not None else doc for doc, t in zip(self.documents, made)]
 
 
 def _check_encodable(field: str, text: str | None) -> None:
