@@ -47,6 +47,7 @@ from cluster_bench import (  # benchmarks/ is the script's own folder
 )
 from report import commands_block, git_commit, machine_line
 
+from acare_ray.online.autoscaling import load_upscale_delay_s
 from acare_ray.scoring import DEFAULT_MODEL
 from acare_ray.testing import free_port
 
@@ -54,11 +55,13 @@ TARGET_SPEEDUP = 1.6
 
 
 def default_policy(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with Serve's default autoscaling policy (its ``policy`` removed): the policy
-    the pressure policy is measured against, same bounds and delays."""
+    """``config`` with Serve's default autoscaling policy: the policy the pressure policy is
+    measured against, same bounds, and Serve's ``upscale_delay_s`` set to the delay the
+    pressure policy gives load growth (the config sets Serve's to 0 for it)."""
     out = copy.deepcopy(config)
     scaling = autoscaling(out)
     if scaling is not None:
+        scaling["upscale_delay_s"] = load_upscale_delay_s(scaling)
         scaling.pop("policy", None)
     return out
 
@@ -73,9 +76,8 @@ def scale_up_wait_s(scaling: dict[str, Any], replica_start_s: float) -> float:
     """How long a request arriving with a step of load waits before an added replica serves:
     ``upscale_delay_s``, plus about half of ``look_back_period_s`` (the averaged ongoing
     requests crossing ``target_ongoing_requests``), plus the replica's start."""
-    defaults = {"upscale_delay_s": 30.0, "look_back_period_s": 30.0}
-    settings = defaults | {k: scaling[k] for k in defaults if k in scaling}
-    return settings["upscale_delay_s"] + settings["look_back_period_s"] / 2 + replica_start_s
+    look_back = float(scaling.get("look_back_period_s", 30.0))
+    return load_upscale_delay_s(scaling) + look_back / 2 + replica_start_s
 
 
 def admission_window_s(user_config: dict[str, Any], clients: int = 1) -> float:
@@ -117,6 +119,14 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
         (s["t"] for s in samples if (s.get("refused_total") or 0) > (s.get("probe_refused") or 0)),
         None,
     )
+    # The agents' refusals over time: the replicas' count less the probes' own by then.
+    agents, probe_refused = [], 0
+    for s in samples:
+        probe_refused = s.get("probe_refused", probe_refused)
+        if "refused_total" in s:
+            agents.append((s["t"], (s["refused_total"] or 0) - (probe_refused or 0)))
+    scaled_at = first_most if most > start else None
+    before_scaled = [n for t, n in agents if scaled_at is not None and t <= scaled_at]
     probes = [s for s in samples if "probe_status" in s]
     return {
         "max_running_replicas": most,
@@ -131,6 +141,8 @@ def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> d
         "running_at_end": running[-1][1] if running else None,
         "t_first_refusal_seen": refusal,
         "refusals_seen": max((s.get("refused_total") or 0 for s in watched), default=0),
+        "agent_refusals": max((n for _, n in agents), default=0),
+        "agent_refusals_before_scaled": max(before_scaled, default=None),
         "probes": len(probes),
         "probe_statuses": {
             str(k): sum(1 for p in probes if p["probe_status"] == k)
@@ -256,14 +268,17 @@ def markdown(result: dict[str, Any]) -> str:
             new["t_first_refusal_seen"] is None
             or new["t_adding_replica"] < new["t_first_refusal_seen"]
         )
-        halved = old["refusals_seen"] > 0 and new["refusals_seen"] <= old["refusals_seen"] / 2
+        halved = old["agent_refusals"] > 0 and new["agent_refusals"] <= old["agent_refusals"] / 2
         lines += [
             "",
             "Pressure policy vs Serve's default, same load step: second replica requested at "
-            f"{new['t_adding_replica']} s vs {old['t_adding_replica']} s; first refusal at "
-            f"{new['t_first_refusal_seen']} s vs {old['t_first_refusal_seen']} s; refusals "
-            f"{new['refusals_seen']} vs {old['refusals_seen']}. Requested before the first "
-            f"refusal: **{'yes' if before else 'no'}**; refusals at least halved: "
+            f"{new['t_adding_replica']} s vs {old['t_adding_replica']} s, running at "
+            f"{new['t_max_replicas']} s vs {old['t_max_replicas']} s; first refusal at "
+            f"{new['t_first_refusal_seen']} s vs {old['t_first_refusal_seen']} s; the agents' "
+            f"refusals {new['agent_refusals']} vs {old['agent_refusals']} in all, "
+            f"{new['agent_refusals_before_scaled']} vs {old['agent_refusals_before_scaled']} "
+            "until the second replica ran. Requested before the first refusal: "
+            f"**{'yes' if before else 'no'}**; the agents' refusals at least halved: "
             f"**{'yes' if halved else 'no'}**.",
         ]
     lines += [
@@ -271,7 +286,8 @@ def markdown(result: dict[str, Any]) -> str:
         "Times are seconds since the agents started. 'adding': Serve first showed a replica "
         "being added; 'start s': from then until it ran. 'first refusal': the first admission "
         "refusal of the agents' requests counted by a replica's `/v1/status` (the probes' own "
-        "refusals left out).",
+        "refusals left out, as in the agents' refusal counts; the table's retried column is "
+        "what the agents' client counted).",
         *commands_block(result["commands"]),
     ]
     return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from cluster_bench import start_ray  # benchmarks/ is the script's own folder
 from report import machine, write_report
 
 from acare_ray.scoring import DEFAULT_MODEL
@@ -180,17 +181,7 @@ def measure_one(args: argparse.Namespace) -> dict:
     searches = pq.ParquetFile(input_path).metadata.num_rows
     init_s = 0.0
     if args.one == "ray":
-        import ray
-
-        started = time.perf_counter()
-        ray.init(
-            num_cpus=args.ray_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-        )
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        init_s = time.perf_counter() - started
+        init_s = start_ray(args.ray_cpus)
     with TreeMemory() as memory:
         started = time.perf_counter()
         if args.one == "ray":

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from bench_offline import TreeMemory, _children, make_input, plain_loop
+from cluster_bench import start_ray
 from report import machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -134,10 +135,7 @@ def measure_one(args: argparse.Namespace) -> dict:
 
         from acare_ray.offline.rerank import run
 
-        started = time.perf_counter()
-        ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        result["ray_init_s"] = time.perf_counter() - started
+        result["ray_init_s"] = start_ray(args.ray_cpus)
         with TreeMemory() as memory, StoreSampler() as store:
             started = time.perf_counter()
             config = rerank_config(args, input_path, output)

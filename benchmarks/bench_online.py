@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cluster_bench import start_ray  # benchmarks/ is the script's own folder
 from report import write_report
 from workloads import REASONING_SOURCE, Search, musique_workload
 
@@ -179,20 +180,13 @@ def served_vs_inprocess(base: str, scorer: Scorer, searches: list[Search]) -> fl
 
 
 def serve_app(cfg: BenchConfig, path: Path) -> str:
-    import ray
     from ray import serve
 
     from acare_ray.online.app_args import AppArgs
     from acare_ray.online.deployment import Reranker
 
     cpus = max(2, int(np.ceil(cfg.replica_cpus)) + 1)
-    ray.init(
-        num_cpus=cpus,
-        num_gpus=int(np.ceil(cfg.replica_gpus)),
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
-    )
+    start_ray(cpus, int(np.ceil(cfg.replica_gpus)))
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     args = AppArgs(

@@ -272,12 +272,24 @@ def add_output_flags(parser: argparse.ArgumentParser, script: str, name: str) ->
     parser.add_argument("--name", default=name)
 
 
-def start_ray(cpus: int) -> None:
-    """A local Ray cluster of ``cpus`` CPUs for the run (no dashboard, no usage stats)."""
+def start_ray(cpus: int, gpus: int | None = None) -> float:
+    """A local Ray cluster of ``cpus`` CPUs (and ``gpus``) for the run, as every benchmark
+    starts one: no dashboard, no usage stats, no progress bars, tokenizers single-threaded in
+    the workers (Ray gives each worker its CPUs). Returns the seconds ``ray.init`` took, which
+    benchmarks report apart from what they time."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    started = time.perf_counter()
+    ray.init(
+        num_cpus=cpus,
+        num_gpus=gpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return time.perf_counter() - started
 
 
 def run_paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:

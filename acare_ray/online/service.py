@@ -36,6 +36,7 @@ from acare_ray.scoring import (
     score_resolved_isolated,
 )
 from acare_ray.scoring.golden import GoldenCase, verify
+from acare_ray.scoring.untrusted import Document, TokenizedDocument
 
 if TYPE_CHECKING:
     from acare_ray.calibration import Calibration
@@ -115,7 +116,9 @@ class ScoringJob:
     ``bound`` is an upper bound of ``tokens`` computed before any tokenization
     (:meth:`RerankService.token_bound`): what admission and the per-request cap count.
     ``cut_fields``: the request fields (``query``, ``original_question``, ``reasoning``) their
-    token caps cut, each with its cap, for the response to say so.
+    token caps cut, each with its cap, for the response to say so. ``tokenized``: per document,
+    the ids ``prepare`` made for it (None where it made none, or cut the document), which the
+    scorer uses instead of tokenizing it again (:meth:`scored_documents`).
     """
 
     context: AgentContext
@@ -127,6 +130,13 @@ class ScoringJob:
     context_tokens: int = 0
     bound: int = 0
     cut_fields: tuple[tuple[str, int], ...] = field(default=())
+    tokenized: tuple[TokenizedDocument | None, ...] = field(default=())
+
+    def scored_documents(self) -> list[Document]:
+        """The documents as the scorer gets them: each with the ids ``prepare`` made for it,
+        if it made them (:attr:`tokenized`), so it is not tokenized again."""
+        made = self.tokenized or (None,) * len(self.documents)
+        return [t if t is not None else doc for doc, t in zip(self.documents, made)]
 
 
 def _check_encodable(field: str, text: str | None) -> None:
@@ -229,12 +239,18 @@ class RerankService:
         limit = min(room, search.max_tokens_per_doc or room)
         fitted = self.layout.fit(search.documents, limit, keep_end=search.keep_end)
         texts, kept = fitted.texts, fitted.kept
+        # A document tokenized here goes to the scorer with its ids (tokenized once); one cut
+        # here goes as its kept text, which the scorer tokenizes (at most `limit` tokens).
+        tokenized = [
+            t if text is doc else None
+            for doc, text, t in zip(search.documents, texts, fitted.tokenized)
+        ]
         if limit == room and not search.keep_end:
             # Only the model's room binds: leave the cut to the scorer, which keeps exactly the
             # first `room` tokens, so a served score equals Scorer.score on the same pair (the
             # offline jobs and in-process callers). The word-boundary cut is for an explicit
             # max_tokens_per_doc or keeping the end, which the scorer cannot do itself.
-            texts = list(search.documents)
+            texts, tokenized = list(search.documents), fitted.tokenized
             kept = [
                 min(o, room) if e else k for o, k, e in zip(fitted.original, kept, fitted.exact)
             ]
@@ -254,6 +270,7 @@ class RerankService:
             context=context,
             mode=mode,
             documents=tuple(texts),
+            tokenized=tuple(tokenized),
             tokens=self.layout.cost(context_tokens, kept),
             limit=limit,
             truncated=tuple(i for i, (n, k) in enumerate(zip(fitted.original, kept)) if n > k),
@@ -309,7 +326,7 @@ class RerankService:
         that job gets the exception. ``cancel`` is checked before every forward pass; when it
         says stop, :class:`~acare_ray.scoring.backend.Cancelled` is raised.
         """
-        searches = [(job.context, job.mode, list(job.documents)) for job in jobs]
+        searches = [(job.context, job.mode, job.scored_documents()) for job in jobs]
         return score_resolved_isolated(self.scorer, searches, cancel=cancel)
 
     def relevance(self, scores: np.ndarray, mode: Mode) -> tuple[np.ndarray, bool]:

@@ -40,10 +40,10 @@ from torch import nn
 from acare_ray.scoring.batching import BatchPlan
 from acare_ray.scoring.config import BACKENDS, PromptConfig, ScorerConfig
 from acare_ray.scoring.context import AgentContext, Mode
-from acare_ray.scoring.untrusted import InertTokenizer
+from acare_ray.scoring.untrusted import Document, InertTokenizer
 
 CancelFn = Callable[[], bool]
-Search = tuple[AgentContext, Mode, list[str]]
+Search = tuple[AgentContext, Mode, list[Document]]
 """One search as a backend scores it: the context cut to its mode, the mode, the documents."""
 
 

@@ -30,7 +30,7 @@ from acare_ray.scoring.batching import BatchPlan, move_tensors, pad_right
 from acare_ray.scoring.config import FieldCaps, PromptConfig
 from acare_ray.scoring.context import AgentContext, FieldError, Mode
 from acare_ray.scoring.prompt import cap_fields, query_block, query_block_parts
-from acare_ray.scoring.untrusted import InertTokenizer, encode_capped
+from acare_ray.scoring.untrusted import InertTokenizer, encode_documents
 
 
 class CrossEncoderBackend(Backend):
@@ -147,8 +147,8 @@ class CrossEncoderBackend(Backend):
             firsts.extend([first] * len(docs))
             seconds.extend(docs)
             rooms.extend([room] * len(docs))
-        encoded = encode_capped(self.inert, seconds, rooms)
-        return [self.pair.join(a, b[:room]) for a, b, room in zip(firsts, encoded, rooms)]
+        encoded = encode_documents(self.inert, self.document_lead, seconds, rooms)
+        return [self.pair.join(a, b) for a, b in zip(firsts, encoded)]
 
     def forward_ids(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Logits ``[N]`` for right-padded pair ids; differentiable (training calls this)."""

@@ -16,6 +16,7 @@ import torch
 
 from acare_ray.scoring.backend import CancelFn, Cancelled, ScoredSearch
 from acare_ray.scoring.context import AUTO, AgentContext, Mode
+from acare_ray.scoring.untrusted import Document
 
 if TYPE_CHECKING:
     from acare_ray.scoring.scorer import Scorer
@@ -63,7 +64,7 @@ def score_isolated(
 
 def score_resolved_isolated(
     scorer: Scorer,
-    searches: Sequence[tuple[AgentContext, Mode, Sequence[str]]],
+    searches: Sequence[tuple[AgentContext, Mode, Sequence[Document]]],
     cancel: CancelFn | None = None,
 ) -> list[ScoredSearch | Exception]:
     """:meth:`Scorer.score_resolved` under the same policy as :func:`score_isolated` (the

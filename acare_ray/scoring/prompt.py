@@ -16,6 +16,7 @@ field over its cap is cut on token ids (never decoded and tokenized again).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from string import Formatter
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from acare_ray.scoring.config import FieldCaps, PromptConfig
 from acare_ray.scoring.context import AgentContext, FieldError, Mode, missing_field_error
 from acare_ray.scoring.untrusted import (
+    Document,
     Ids,
     InertTokenizer,
     Part,
@@ -30,6 +32,7 @@ from acare_ray.scoring.untrusted import (
     UserText,
     cut_ids,
     encode_capped,
+    encode_documents,
 )
 
 SYSTEM_PREFIX = (
@@ -37,6 +40,8 @@ SYSTEM_PREFIX = (
     'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
     "<|im_start|>user\n"
 )
+DOCUMENT_LEAD = " "
+"""A document is tokenized as ``" " + text`` after the prompt prefix."""
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 DOCUMENT_TAG = "<Document>:"
 
@@ -225,8 +230,8 @@ class PromptEncoder:
     def document_budget(self, prefix_len: int) -> int:
         return self.config.max_length - prefix_len - len(self.suffix_ids)
 
-    def document_ids(self, documents: list[str], budgets: list[int]) -> list[list[int]]:
+    def document_ids(self, documents: Sequence[Document], budgets: list[int]) -> list[list[int]]:
         """Token ids of ``" " + doc`` for each document, cut to its budget, in one batched call
-        (very long documents are cut by characters first: :func:`encode_capped`)."""
-        texts = [" " + doc for doc in documents]
-        return [ids[:b] for ids, b in zip(encode_capped(self.inert, texts, budgets), budgets)]
+        (very long documents are cut by characters first: :func:`encode_capped`); a document
+        that carries its ids (:class:`TokenizedDocument`) is not tokenized again."""
+        return encode_documents(self.inert, DOCUMENT_LEAD, documents, budgets)

@@ -49,6 +49,7 @@ from acare_ray.scoring.context import (
     missing_field_error,
     parse_mode,
 )
+from acare_ray.scoring.untrusted import Document, TokenizedDocument
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,18 @@ def rank_order(scores: np.ndarray, top_k: int | None = None) -> np.ndarray:
     return np.argsort(-np.asarray(scores), kind="stable")[:top_k]
 
 
-def check_documents(documents: Sequence[str]) -> list[str]:
+def check_documents(documents: Sequence[Document]) -> list[Document]:
+    """The documents as a list; each a non-empty string (or a :class:`TokenizedDocument` of
+    one, which a server passes on so it is not tokenized twice)."""
     if isinstance(documents, str) or not isinstance(documents, Sequence):
         raise FieldError("documents", f"must be a list of strings, got {type(documents).__name__}")
     for i, doc in enumerate(documents):
         if doc is None:
             raise FieldError("documents", "is None", i)
-        if not isinstance(doc, str):
+        text = doc.text if isinstance(doc, TokenizedDocument) else doc
+        if not isinstance(text, str):
             raise FieldError("documents", f"must be a string, got {type(doc).__name__}", i)
-        if not doc.strip():
+        if not text.strip():
             raise FieldError("documents", "is empty", i)
     return list(documents)
 
@@ -188,13 +192,15 @@ class Scorer:
 
     def score_resolved(
         self,
-        searches: Sequence[tuple[AgentContext, Mode, Sequence[str]]],
+        searches: Sequence[tuple[AgentContext, Mode, Sequence[Document]]],
         cancel: CancelFn | None = None,
     ) -> list[ScoredSearch]:
         """``score_many`` for searches whose mode a caller has chosen already (a concrete
         :class:`Mode`, never ``auto``; the context must hold the fields it reads), each
         returned with the tokens the model computed for it: a server's usage, read from the
-        one tokenization the scoring did."""
+        one tokenization the scoring did. A document may carry the ids its caller made
+        (:class:`~acare_ray.scoring.untrusted.TokenizedDocument`): they are used, not made
+        again."""
         ready = []
         for context, mode, documents in searches:
             if parse_mode(mode) == AUTO:

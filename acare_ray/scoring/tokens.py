@@ -10,14 +10,15 @@ queued ahead with it). A :class:`TokenLayout` answers both for any backend (it a
   document is tokenized as ``" " + doc`` and followed by the suffix;
 - cross-encoder: the context block is paired with every document, plus the special tokens.
 
-Truncation cuts the document *text* at a word boundary (from the tokenizer's offsets), so the
-scorer still receives plain strings and tokenizes them itself.
+Truncation cuts the document *text* at a word boundary (from the tokenizer's offsets); the
+scorer receives a cut document as its kept text and tokenizes that (at most ``limit`` tokens).
 
 Only documents that might exceed the limit are tokenized here: a token covers at least one
 UTF-8 byte (byte-level BPE) or one character (WordPiece), so a document of at most ``limit``
-bytes cannot be over it. The scorer tokenizes every document anyway; doing it twice would cost
-as much CPU as the scoring of a small model. The token counts of such short documents are
-estimates (``BYTES_PER_TOKEN``), good enough for packing batches. The usage a response reports
+bytes cannot be over it. A document tokenized here goes on to the scorer with its ids
+(:class:`~acare_ray.scoring.untrusted.TokenizedDocument`), so no document is tokenized twice:
+doing it twice would cost as much CPU as the scoring of a small model. The token counts of
+short documents are estimates (``BYTES_PER_TOKEN``), good enough for packing batches. The usage a response reports
 is exact: the scorer returns the tokens it computed with each search's scores
 (:class:`~acare_ray.scoring.backend.ScoredSearch`), read from its own tokenization.
 """
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from acare_ray.scoring.context import AgentContext, Mode
 from acare_ray.scoring.prompt import FIELD_CAPS, cap_fields
-from acare_ray.scoring.untrusted import needs_whole, precut
+from acare_ray.scoring.untrusted import TokenizedDocument, needs_whole, precut
 
 if TYPE_CHECKING:
     from acare_ray.scoring.scorer import Scorer
@@ -48,7 +49,9 @@ class FittedDocuments:
     when only a prefix of a very long text had to be tokenized to know it is over the limit).
     ``exact[i]`` says whether document ``i`` was tokenized; if not, it provably fits and its
     counts are byte-based estimates. ``whole[i]``: ``original[i]`` counts the whole text (else
-    only a prefix was tokenized, and the text has at least that many tokens).
+    only a prefix was tokenized, and the text has at least that many tokens). ``tokenized[i]``:
+    document ``i`` (uncut) with the ids made here, for the scorer to use rather than tokenize
+    it again; None where it was not tokenized, or only its end was and not all of it.
     """
 
     texts: list[str]
@@ -56,6 +59,7 @@ class FittedDocuments:
     original: list[int]
     exact: list[bool]
     whole: list[bool]
+    tokenized: list[TokenizedDocument | None]
 
 
 class TokenLayout:
@@ -104,9 +108,10 @@ class TokenLayout:
         original = list(kept)
         exact = [False] * len(documents)
         whole = [True] * len(documents)
+        tokenized: list[TokenizedDocument | None] = [None] * len(documents)
         long = [i for i, size in enumerate(sizes) if size > limit]
         if not long:
-            return FittedDocuments(texts, kept, original, exact, whole)
+            return FittedDocuments(texts, kept, original, exact, whole, tokenized)
         pieces = {i: precut(documents[i], limit, keep_end) for i in long}
         for i, (ids, offsets) in zip(long, self._encode([pieces[i] for i in long])):
             doc, piece = documents[i], pieces[i]
@@ -114,10 +119,12 @@ class TokenLayout:
                 (ids, offsets), piece = self._encode([doc])[0], doc
             exact[i], whole[i] = True, len(piece) == len(doc)
             original[i] = kept[i] = len(ids)
+            if whole[i] or not keep_end:  # a start piece's first `limit` ids are the whole's
+                tokenized[i] = TokenizedDocument(doc, tuple(ids), None if whole[i] else limit)
             if len(ids) > limit:
                 base = len(doc) - len(piece) if keep_end else 0
                 texts[i], kept[i] = self._cut(doc, offsets, base, limit, keep_end)
-        return FittedDocuments(texts, kept, original, exact, whole)
+        return FittedDocuments(texts, kept, original, exact, whole, tokenized)
 
     def _encode(self, pieces: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
         return self.inert.encode_offsets([self.lead + p for p in pieces])

@@ -152,6 +152,52 @@ def _inert_parts(
     return control, Tokenizer.from_str(json.dumps(spec)), split
 
 
+@dataclass(frozen=True)
+class TokenizedDocument:
+    """A document with the ids already made from it, so a backend does not tokenize it again.
+
+    ``ids`` are the inert ids of the backend's ``document_lead`` + ``text``: all of them when
+    ``covers`` is None, else at least the first ``covers``, equal to the whole text's first
+    ``covers`` (what :func:`encode_capped` and a :func:`precut` proven by :func:`needs_whole`
+    guarantee). Only a caller that tokenized with the same backend's inert tokenizer and lead
+    builds one (the server's :class:`~acare_ray.scoring.tokens.TokenLayout`)."""
+
+    text: str
+    ids: tuple[int, ...]
+    covers: int | None = None
+
+    def ids_for(self, budget: int) -> list[int] | None:
+        """The first ``budget`` ids, or None when the ids held do not reach that far."""
+        if self.covers is not None and self.covers < budget:
+            return None
+        return list(self.ids[:budget])
+
+
+Document = str | TokenizedDocument
+"""What the scorer's backends take as a document: its text, or its text with its ids."""
+
+
+def document_text(document: Document) -> str:
+    return document.text if isinstance(document, TokenizedDocument) else document
+
+
+def encode_documents(
+    inert: InertTokenizer, lead: str, documents: Sequence[Document], budgets: Sequence[int]
+) -> list[list[int]]:
+    """Ids of ``lead + document`` for each document, cut to its budget: a
+    :class:`TokenizedDocument`'s own ids where they reach the budget, the others in one
+    batched :func:`encode_capped` call."""
+    out: list[list[int] | None] = [
+        doc.ids_for(budget) if isinstance(doc, TokenizedDocument) else None
+        for doc, budget in zip(documents, budgets)
+    ]
+    todo = [i for i, ids in enumerate(out) if ids is None]
+    texts = [lead + document_text(documents[i]) for i in todo]
+    for i, ids in zip(todo, encode_capped(inert, texts, [budgets[i] for i in todo])):
+        out[i] = ids[: budgets[i]]
+    return [ids if ids is not None else [] for ids in out]
+
+
 def cut_ids(ids: Sequence[int], limit: int, keep_end: bool = False) -> tuple[int, ...] | None:
     """``ids`` cut to ``limit`` (its end if ``keep_end``), or None when they fit already."""
     if len(ids) <= limit:

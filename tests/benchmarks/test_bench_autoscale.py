@@ -54,6 +54,20 @@ def test_the_autoscaling_config_fits_two_one_core_replicas_with_one_torch_thread
     assert scaling["downscale_delay_s"] <= 60, "the bench waits for the scale-down"
 
 
+def test_the_default_policy_phase_gets_the_same_load_delay(bench):
+    """The comparison is fair: Serve's default policy runs with the bounds of the config and
+    Serve's upscale delay set to the delay the pressure policy gives load growth."""
+    autoscale, _ = bench
+    config = yaml.safe_load(CONFIG.read_text())
+    ours = reranker(config)["autoscaling_config"]
+    theirs = reranker(autoscale.default_policy(config))["autoscaling_config"]
+    assert "policy" not in theirs and ours["upscale_delay_s"] == 0
+    assert theirs["upscale_delay_s"] == ours["policy"]["policy_kwargs"]["load_upscale_delay_s"]
+    assert {k: v for k, v in theirs.items() if k != "upscale_delay_s"} == {
+        k: v for k, v in ours.items() if k not in ("upscale_delay_s", "policy")
+    }
+
+
 def test_admission_outlasts_the_wait_for_a_second_replica(bench):
     """The defaults' reasoning (docs/online.md): a request that arrives with the load must be
     admitted, not refused, while the autoscaler adds the replica; so the window at which
@@ -109,10 +123,13 @@ def test_the_timeline_summary_finds_the_scale_up_the_scale_down_and_the_first_re
     assert summary["replica_start_s"] == 3.5
     assert summary["t_back_down"] == 12.0 and summary["running_at_end"] == 1
     assert (summary["t_first_refusal_seen"], summary["refusals_seen"]) == (2.0, 3)
+    # the agents' own: the probe's one refusal left out, also from the sample lacking its count
+    assert (summary["agent_refusals"], summary["agent_refusals_before_scaled"]) == (2, 2)
     assert summary["probe_statuses"] == {"200": 2, "503": 1}
     flat = autoscale.scaling_summary(samples[:2], {})
     assert flat["replica_start_s"] is None and flat["t_back_down"] is None
     assert flat["t_first_refusal_seen"] is None
+    assert flat["agent_refusals_before_scaled"] is None and flat["agent_refusals"] == 0
 
 
 def test_the_switch_summary_reads_the_versions_the_probes_got(bench):

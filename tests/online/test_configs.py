@@ -197,7 +197,7 @@ def test_every_shipped_autoscaling_config_scales_on_refused_and_queued_work():
     embeds gpu.yaml) uses the pressure policy, whose function Serve can import."""
     import importlib
 
-    from acare_ray.online.autoscaling import pressure_policy
+    from acare_ray.online.autoscaling import PressurePolicy
 
     scaled = [
         (path.name, deployment["autoscaling_config"])
@@ -208,4 +208,7 @@ def test_every_shipped_autoscaling_config_scales_on_refused_and_queued_work():
     assert {name for name, _ in scaled} >= {"gpu.yaml", "cpu-autoscale.yaml"}
     for name, scaling in scaled:
         module, _, function = scaling["policy"]["policy_function"].partition(":")
-        assert getattr(importlib.import_module(module), function) is pressure_policy, name
+        assert getattr(importlib.import_module(module), function) is PressurePolicy, name
+        # Serve's own delay would hold the policy's answer to refusals: the policy keeps it
+        assert scaling["upscale_delay_s"] == 0, name
+        assert scaling["policy"]["policy_kwargs"]["load_upscale_delay_s"] > 0, name

@@ -300,3 +300,55 @@ def test_a_query_or_context_cut_to_its_cap_is_reported(request, backend):
     # a field of at most its cap in bytes is never tokenized for this; one just over it is
     exact = "a" * caps.sub_query
     assert service.prepare(search(query=exact)).cut_fields == ()
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross"])
+@pytest.mark.parametrize("max_tokens_per_doc", [None, 40])
+def test_a_request_tokenizes_each_document_once(request, backend, max_tokens_per_doc):
+    """Issue 33.6: ``prepare`` tokenizes the documents that may be over the limit, and those
+    ids go on to the scorer; a document it cut goes as its kept text. So across prepare and
+    score, the long uncut document's text reaches the tokenizer once (here: one call with it,
+    of a prefix of it) and the served scores equal ``Scorer.score`` on the texts the job holds."""
+    service = request.getfixturevalue(backend)
+    inert = service.scorer.backend.inert
+    seen: list[str] = []
+    for name in ("encode", "encode_offsets"):
+        original = getattr(inert, name)
+
+        def counting(texts, _original=original):
+            seen.extend(texts)
+            return _original(texts)
+
+        request.getfixturevalue("monkeypatch").setattr(inert, name, counting)
+    long_text = LONG * 40  # over the room in bytes, and longer than the piece tokenized of it
+    job = service.prepare(
+        search(documents=[DOCUMENTS[1], long_text], max_tokens_per_doc=max_tokens_per_doc)
+    )
+    (served,) = service.score([job])
+    lead = service.layout.lead
+    with_long = [t for t in seen if t[len(lead) : len(lead) + 200] == long_text[:200]]
+    if max_tokens_per_doc is None:
+        assert len(with_long) == 1, "the long document was tokenized again"
+        assert job.tokenized[1] is not None and job.documents[1] == long_text
+    else:  # cut here: the scorer tokenizes the kept text, a different and shorter string
+        assert job.tokenized[1] is None and len(job.documents[1]) < len(long_text)
+        assert len(with_long) == 1, "prepare tokenized a piece of it, once"
+        assert seen.count(lead + job.documents[1]) == 1, "the scorer, its kept text, once"
+    want = service.scorer.score(job.context, list(job.documents), job.mode)
+    np.testing.assert_allclose(served.scores, want, atol=1e-5)
+
+
+def test_carried_ids_are_used_only_as_far_as_they_reach(causal):
+    """A document's carried ids stand in for its text (the scorer uses them as they are) where
+    they cover the budget; where they do not, the text is tokenized."""
+    from acare_ray.scoring.untrusted import TokenizedDocument, encode_documents
+
+    inert = causal.scorer.backend.inert
+    fake = TokenizedDocument("some text", (7, 8, 9, 10), covers=3)
+    assert encode_documents(inert, " ", [fake], [3]) == [[7, 8, 9]]
+    assert encode_documents(inert, " ", [fake], [5]) == inert.encode([" some text"])
+    whole = TokenizedDocument("some text", (7, 8))
+    assert encode_documents(inert, " ", [whole, "other"], [50, 50]) == [
+        [7, 8],
+        *inert.encode([" other"]),
+    ]

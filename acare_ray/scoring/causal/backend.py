@@ -31,7 +31,7 @@ from acare_ray.scoring.causal.head import YesNoModule
 from acare_ray.scoring.causal.load import load_causal_module
 from acare_ray.scoring.config import ACARE_CONFIG_FILE, PromptConfig
 from acare_ray.scoring.context import AgentContext, Mode
-from acare_ray.scoring.prompt import PromptEncoder
+from acare_ray.scoring.prompt import DOCUMENT_LEAD, PromptEncoder
 from acare_ray.scoring.untrusted import InertTokenizer
 
 
@@ -48,7 +48,7 @@ class CausalLMBackend(Backend):
     """
 
     name: ClassVar[str] = "causal_lm"
-    document_lead: ClassVar[str] = " "  # a document is tokenized as " " + text, after the prefix
+    document_lead: ClassVar[str] = DOCUMENT_LEAD  # a document is " " + text, after the prefix
     instruction_line: ClassVar[bool] = True
     default_prompt: ClassVar[PromptConfig] = PromptConfig()
 
