@@ -187,15 +187,16 @@ def encode_documents(
     """Ids of ``lead + document`` for each document, cut to its budget: a
     :class:`TokenizedDocument`'s own ids where they reach the budget, the others in one
     batched :func:`encode_capped` call."""
-    out: list[list[int] | None] = [
+    carried = [
         doc.ids_for(budget) if isinstance(doc, TokenizedDocument) else None
         for doc, budget in zip(documents, budgets)
     ]
-    todo = [i for i, ids in enumerate(out) if ids is None]
+    todo = [i for i, ids in enumerate(carried) if ids is None]
     texts = [lead + document_text(documents[i]) for i in todo]
-    for i, ids in zip(todo, encode_capped(inert, texts, [budgets[i] for i in todo])):
-        out[i] = ids[: budgets[i]]
-    return [ids if ids is not None else [] for ids in out]
+    made = iter(encode_capped(inert, texts, [budgets[i] for i in todo]))
+    return [
+        ids if ids is not None else next(made)[:budget] for ids, budget in zip(carried, budgets)
+    ]
 
 
 def cut_ids(ids: Sequence[int], limit: int, keep_end: bool = False) -> tuple[int, ...] | None:

@@ -469,8 +469,7 @@ def finished_checkpoint(config: TrainConfig) -> Path | None:
     from ray.train import Result
 
     try:
-        folder = ckpt.run_dir(config.output, config.name).resolve()  # a URI to Ray: absolute
-        checkpoint = Result.from_path(str(folder)).checkpoint
+        checkpoint = Result.from_path(str(ckpt.run_dir(config.output, config.name))).checkpoint
     except RuntimeError:  # no checkpoint registered yet
         return None
     if checkpoint is None:
