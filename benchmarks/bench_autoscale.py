@@ -1,6 +1,8 @@
-"""Autoscaling, shown (issue 23.2): ``serve_configs/cpu-autoscale.yaml`` (1 to 2 one-core
-replicas) against a fixed single replica of the same config, both driven by ``acare agent-bench
---endpoint`` at 16 agents on the same tasks, in one run on one machine.
+"""Autoscaling, shown (issues 23.2, 35.1): ``serve_configs/cpu-autoscale.yaml`` (1 to 2 one-core
+replicas) under its pressure policy and under Serve's default policy, against the same config
+fixed at one replica and at ``max_replicas`` (running before the load: the capacity no policy
+can exceed), all driven by ``acare agent-bench --endpoint`` at 16 agents on the same tasks, in
+one run on one machine.
 
 Each phase deploys the app fresh on a local Ray cluster of ``--cpus`` CPUs started by this
 script (``ray.init``; the deploy is what ``serve deploy`` does with the resolved config), runs
@@ -14,7 +16,7 @@ autoscaling phase keeps recording until Serve is back to ``min_replicas`` (or ``
         [--model CHECKPOINT] [--tasks 16] [--agents 16]
 
 Writes ``benchmarks/results/<name>.{json,md,png}`` (chart: replicas and probe latency over
-time, both phases). The target of the issue: 2 replicas give >= 1.6x the searches/s of one.
+time, every phase). The target of the issue: 2 replicas give >= 1.6x the searches/s of one.
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ def autoscaling(config: dict[str, Any]) -> dict[str, Any] | None:
     (app,) = config["applications"]
     (deployment,) = [d for d in app["deployments"] if d["name"] == "Reranker"]
     return deployment.get("autoscaling_config")
+
+
+def phase_configs(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each phase's deployment: ``config`` (its autoscaling, under its policy) fixed at one
+    replica and at ``max_replicas``, under Serve's default policy, and as it is."""
+    return {
+        "fixed": fixed_replicas(config, 1),
+        "fixed-max": fixed_replicas(config, autoscaling(config)["max_replicas"]),
+        "autoscale-default": default_policy(config),
+        "autoscale": config,
+    }
 
 
 def scale_up_wait_s(scaling: dict[str, Any], replica_start_s: float) -> float:
@@ -201,7 +214,7 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for row, color in zip(rows, ("tab:gray", "tab:blue", "tab:green")):
+    for row, color in zip(rows, ("tab:gray", "tab:purple", "tab:blue", "tab:green")):
         watched = [s for s in row["timeline"] if "running" in s]
         top.step(
             [s["t"] for s in watched],
@@ -281,6 +294,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"**{'yes' if before else 'no'}**; the agents' refusals at least halved: "
             f"**{'yes' if halved else 'no'}**.",
         ]
+    if {"fixed-max", "autoscale-default"} <= set(by):
+        floor, old = by["fixed-max"], by["autoscale-default"]
+        lines += [
+            "",
+            f"With {floor['max_running_replicas']} replicas running before the load "
+            f"(`fixed-max`), the agents' refusals are {floor['agent_refusals']}: what "
+            "admission refuses at the most capacity a policy bounded by the same "
+            "`max_replicas` can give, from the first second (half the default policy's "
+            f"refusals: {old['agent_refusals'] / 2:g}).",
+        ]
     lines += [
         "",
         "Times are seconds since the agents started. 'adding': Serve first showed a replica "
@@ -300,9 +323,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_load_flags(parser, tasks_help="MuSiQue tasks per phase")
     parser.add_argument(
         "--phases",
-        default="fixed,autoscale-default,autoscale",
-        help="fixed (one replica), autoscale-default (Serve's default policy), autoscale (the "
-        "config's policy: acare's pressure policy)",
+        default="fixed,fixed-max,autoscale-default,autoscale",
+        help="fixed (one replica), fixed-max (max_replicas running before the load: the fewest "
+        "refusals any policy with that maximum can reach), autoscale-default (Serve's default "
+        "policy), autoscale (the config's policy: acare's pressure policy)",
     )
     parser.add_argument("--settle-s", type=float, default=180, help="wait for scale-down")
     add_output_flags(parser, "bench_autoscale", "autoscale-cpu-minilm")
@@ -315,11 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     work, out, config_path = run_paths(args)
     config = resolved_config(config_path, args.model, free_port())
-    configs = {
-        "fixed": fixed_replicas(config, 1),
-        "autoscale-default": default_policy(config),
-        "autoscale": config,
-    }
+    configs = phase_configs(config)
     phases = [p for p in args.phases.split(",") if p]
     unknown = set(phases) - set(configs)
     if unknown:

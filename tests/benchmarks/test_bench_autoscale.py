@@ -29,7 +29,7 @@ def reranker(config: dict) -> dict:
     return deployment
 
 
-def test_the_fixed_phase_is_the_autoscaling_config_at_one_replica(bench):
+def test_the_fixed_phases_are_the_autoscaling_config_at_one_and_at_max_replicas(bench):
     autoscale, _ = bench
     config = autoscale.resolved_config(CONFIG, "some/model", 8123)
     fixed = autoscale.fixed_replicas(config, 1)
@@ -42,6 +42,13 @@ def test_the_fixed_phase_is_the_autoscaling_config_at_one_replica(bench):
     assert {k: v for k, v in reranker(fixed).items() if k != "num_replicas"} == same
     assert fixed["applications"][0]["args"]["model"] == "some/model"
     assert fixed["http_options"]["port"] == 8123
+    # The floor phase: max_replicas running from the start, the same deployment otherwise.
+    phases = autoscale.phase_configs(config)
+    assert phases["fixed"] == fixed and phases["autoscale"] == config
+    most = phases["fixed-max"]
+    ServeDeploySchema.model_validate(most)
+    assert reranker(most)["num_replicas"] == 2
+    assert {k: v for k, v in reranker(most).items() if k != "num_replicas"} == same
 
 
 def test_the_autoscaling_config_fits_two_one_core_replicas_with_one_torch_thread_each():

@@ -212,3 +212,5 @@ def test_every_shipped_autoscaling_config_scales_on_refused_and_queued_work():
         # Serve's own delay would hold the policy's answer to refusals: the policy keeps it
         assert scaling["upscale_delay_s"] == 0, name
         assert scaling["policy"]["policy_kwargs"]["load_upscale_delay_s"] > 0, name
+        # The policy sees a refusal only in a report: Serve's default 10 s would be its delay.
+        assert scaling["metrics_interval_s"] <= 1, name
