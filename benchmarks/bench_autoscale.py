@@ -247,7 +247,9 @@ def markdown(result: dict[str, Any]) -> str:
         "fixed single replica",
         "",
         f"`{a['config']}` with model `{a['model']}`, `acare agent-bench --endpoint` at "
-        f"{a['agents']} agents on {a['tasks']} MuSiQue tasks (seed {a['seed']}, mode "
+        f"{a['agents']} agents"
+        + (f" started over {a['ramp_s']:g} s (a ramp)" if a.get("ramp_s") else " (a step)")
+        + f" on {a['tasks']} MuSiQue tasks (seed {a['seed']}, mode "
         f"{a['modes']}), Ray with {a['cpus']} CPUs. Machine: {result['machine']}. Autoscaling: "
         f"`{json.dumps(result['autoscaling_config'])}`.",
         "",
@@ -284,7 +286,8 @@ def markdown(result: dict[str, Any]) -> str:
         halved = old["agent_refusals"] > 0 and new["agent_refusals"] <= old["agent_refusals"] / 2
         lines += [
             "",
-            "Pressure policy vs Serve's default, same load step: second replica requested at "
+            f"Pressure policy vs Serve's default, same load {'ramp' if a.get('ramp_s') else 'step'}"
+            ": second replica requested at "
             f"{new['t_adding_replica']} s vs {old['t_adding_replica']} s, running at "
             f"{new['t_max_replicas']} s vs {old['t_max_replicas']} s; first refusal at "
             f"{new['t_first_refusal_seen']} s vs {old['t_first_refusal_seen']} s; the agents' "

@@ -217,6 +217,7 @@ def agent_bench_command(args: argparse.Namespace, url: str, out: Path) -> list[s
         "--agents",
         str(args.agents),
         "--no-baseline",
+        *(["--ramp-s", f"{args.ramp_s:g}"] if getattr(args, "ramp_s", 0) else []),
         "--out",
         str(out),
     ]
@@ -258,6 +259,9 @@ def add_load_flags(parser: argparse.ArgumentParser, tasks_help: str | None = Non
     """The flags of the agent load and the local cluster both cluster benchmarks run."""
     parser.add_argument("--tasks", type=int, default=16, help=tasks_help)
     parser.add_argument("--agents", type=int, default=16)
+    parser.add_argument(
+        "--ramp-s", type=float, default=0.0, help="start the agents over this many seconds"
+    )
     parser.add_argument("--modes", default="M3")
     parser.add_argument("--depth", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)

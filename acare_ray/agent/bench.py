@@ -75,6 +75,7 @@ class AgentBenchConfig:
     api_key: str | None = field(default=None, repr=False)
     baseline: bool = True
     agents: int = 1
+    ramp_s: float = 0.0
     budget: int = 3
     depth: int = 10
     first_stage_k: int = 100
@@ -125,6 +126,8 @@ class AgentBenchConfig:
         for name in ("tasks", "agents", "budget", "depth", "first_stage_k", "n_resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.ramp_s >= 0:
+            raise ValueError(f"ramp_s must be >= 0, got {self.ramp_s}")
 
     def public(self) -> dict[str, Any]:
         """The config as recorded in the report (no API key)."""
@@ -365,7 +368,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         + f"), corpus {report['corpus_size']} paragraphs ({config['corpus']}), "
         f"BM25 top-{config['first_stage_k']} -> reranker -> "
         f"top {config['depth']} unseen, budget {config['budget']} searches per step, "
-        f"{config['agents']} agents in flight. Reranker: {config['reranker']}"
+        f"{config['agents']} agents in flight"
+        + (f" (started over {config['ramp_s']:g} s)" if config.get("ramp_s") else "")
+        + f". Reranker: {config['reranker']}"
         + (f" `{config['model']}`" if config["model"] else "")
         + (f" `{config['endpoint']}`" if config["endpoint"] else "")
         + (
@@ -466,6 +471,7 @@ def run_systems(
                 corpus,
                 reranker,
                 agents=config.agents,
+                ramp_s=config.ramp_s,
                 budget=config.budget,
                 depth=config.depth,
                 first_stage_k=config.first_stage_k,

@@ -101,6 +101,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-baseline", action="store_true", help="do not add the BM25 system beside the reranker"
     )
     bench.add_argument("--agents", type=int, default=1, help="sessions in flight at once")
+    bench.add_argument(
+        "--ramp-s",
+        type=float,
+        default=0.0,
+        help="start the first --agents sessions evenly over this many seconds (a growing load; "
+        "default 0: all at once)",
+    )
     bench.add_argument("--budget", type=int, default=3, help="searches per step before failing")
     bench.add_argument("--depth", type=int, default=10, help="unseen documents per search")
     bench.add_argument("--first-stage-k", type=int, default=100, help="BM25 candidates")

@@ -359,21 +359,29 @@ def run_sessions(
     depth: int = 10,
     first_stage_k: int = 100,
     progress: Callable[[int, int, int, float], None] | None = None,
+    ramp_s: float = 0.0,
 ) -> tuple[list[TaskResult], float]:
     """All tasks with ``agents`` sessions in flight at once (threads); results in task order,
-    and the wall time in seconds."""
+    and the wall time in seconds. ``ramp_s`` > 0 staggers the first ``agents`` sessions evenly
+    over that many seconds (the ``i``-th starts ``i * ramp_s / agents`` after the first), a load
+    that grows instead of stepping; the sessions after them start as slots free."""
     if agents < 1:
         raise ValueError(f"agents must be >= 1, got {agents}")
+    if not ramp_s >= 0:
+        raise ValueError(f"ramp_s must be >= 0, got {ramp_s}")
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
     results: list[TaskResult | None] = [None] * len(tasks)
     start = time.perf_counter()
     done = solved = searches = 0
+
+    def session(i: int, task: Task) -> TaskResult:
+        if ramp_s > 0 and i < agents:
+            time.sleep(max(0.0, start + i * ramp_s / agents - time.perf_counter()))
+        return run_task(task, corpus, reranker, budget, depth, first_stage_k)
+
     with ThreadPoolExecutor(max_workers=agents) as pool:
-        futures = {
-            pool.submit(run_task, task, corpus, reranker, budget, depth, first_stage_k): i
-            for i, task in enumerate(tasks)
-        }
+        futures = {pool.submit(session, i, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             result = future.result()
             results[futures[future]] = result

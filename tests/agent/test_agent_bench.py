@@ -103,6 +103,38 @@ def test_results_are_deterministic_across_runs_and_agents(bench, tiny_scorer, ti
     )
 
 
+def test_a_ramp_starts_the_first_agents_apart_and_changes_no_outcome(bench):
+    """``--ramp-s``: the i-th of the first ``agents`` sessions sends its first search no sooner
+    than i * ramp_s / agents after the run began; what each session finds is unchanged."""
+    import threading
+    import time
+
+    tasks, corpus = bench
+    oracle = oracle_for(tasks)
+    first: dict[str, float] = {}
+    lock = threading.Lock()
+
+    class Timed:
+        name = "timed oracle"
+
+        def rerank(self, request: RerankRequest, top_n: int) -> list[int]:
+            with lock:
+                first.setdefault(request.task_id, time.perf_counter())
+            return oracle.rerank(request, top_n)
+
+    agents, ramp_s = 4, 0.8
+    began = time.perf_counter()
+    ramped, wall = run_sessions(tasks, corpus, Timed(), agents=agents, ramp_s=ramp_s)
+    assert outcomes(ramped) == outcomes(run_sessions(tasks, corpus, oracle, agents=agents)[0])
+    for i, task in enumerate(tasks[:agents]):
+        assert first[task.task_id] - began >= i * ramp_s / agents, (i, task.task_id)
+    assert wall >= (agents - 1) * ramp_s / agents
+    with pytest.raises(ValueError, match="ramp_s"):
+        run_sessions(tasks, corpus, oracle, ramp_s=-1)
+    with pytest.raises(ValueError, match="ramp_s"):
+        AgentBenchConfig(out="x", ramp_s=float("nan"))
+
+
 def test_reformulations_and_reasoning(bench):
     tasks, corpus = bench
     for task in tasks:
