@@ -201,10 +201,15 @@ def test_the_documented_benchmark_commands_parse(bench, script):
     import shlex
 
     autoscale, rollout = bench
-    (line,) = documented_lines(f"benchmarks/{script}")
-    argv = shlex.split(line)
-    assert argv[:2] == ["python", f"benchmarks/{script}"]
+    lines = documented_lines(f"benchmarks/{script}")
+    assert lines
     module = autoscale if script == "bench_autoscale.py" else rollout
-    args = module.parse_args(argv[2:])
-    assert (args.tasks, args.agents) == (16, 16)
-    assert (REPO / args.config).is_file()
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[:2] == ["python", f"benchmarks/{script}"]
+        args = module.parse_args(argv[2:])
+        assert (args.tasks, args.agents) == (16, 16)
+        assert (REPO / args.config).is_file()
+        if "--ramp-s" in argv:  # the ramp reaches the agents' command
+            command = module.agent_bench_command(args, "http://x", Path("out"))
+            assert command[command.index("--ramp-s") + 1] == f"{args.ramp_s:g}"
