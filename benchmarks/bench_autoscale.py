@@ -243,8 +243,8 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> None:
 def markdown(result: dict[str, Any]) -> str:
     a = result["args"]
     lines = [
-        "# Autoscaling on CPU: 1 to 2 replicas (acare's pressure policy and Serve's default) vs a "
-        "fixed single replica",
+        "# Autoscaling on CPU, 1 to 2 replicas (pressure policy, Serve's default, fixed): "
+        + ", ".join(f"`{r['phase']}`" for r in result["rows"]),
         "",
         f"`{a['config']}` with model `{a['model']}`, `acare agent-bench --endpoint` at "
         f"{a['agents']} agents"
@@ -327,8 +327,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--phases",
         default="fixed,fixed-max,autoscale-default,autoscale",
-        help="fixed (one replica), fixed-max (max_replicas running before the load: the fewest "
-        "refusals any policy with that maximum can reach), autoscale-default (Serve's default "
+        help="fixed (one replica), fixed-max (max_replicas running before the load: the most "
+        "capacity any policy with that maximum can give), autoscale-default (Serve's default "
         "policy), autoscale (the config's policy: acare's pressure policy)",
     )
     parser.add_argument("--settle-s", type=float, default=180, help="wait for scale-down")
