@@ -194,6 +194,12 @@ class ReplicaSettings(BaseModel):
         gt=0,
         description="Throughput assumed until the first batch is measured (err low).",
     )
+    admission_measure_at_start: bool = Field(
+        True,
+        description="At start, score one synthetic request (after one untimed warm-up) and take "
+        "its throughput as the first measured batch, so a new replica does not refuse work on "
+        "the prior; false: the prior until the first real batch.",
+    )
     client_share: float = Field(
         DEFAULT_CLIENT_SHARE,
         gt=0,

@@ -118,11 +118,14 @@ class Reranker:
             return Served(name, service, fitted[name], version, source=source)
 
         # The default model loads now: a replica that cannot load it never starts.
+        default = build(catalog.default)
+        # Until the start's reconfigure: the model admission's first measurement runs on.
+        self._starting_service: RerankService | None = default.service
         self.models = ReplicaModels(
             catalog,
             build,
             config.max_resident_models,
-            build(catalog.default),
+            default,
             scorer_for=lambda slot: lambda job, client: self.score(job, client, slot),
         )
         self._batch_lock = asyncio.Lock()
@@ -151,6 +154,13 @@ class Reranker:
             settings.client_share,
         )
         self.settings = settings
+        service, self._starting_service = self._starting_service, None
+        if service is not None and settings.admission_measure_at_start:
+            # Serve reconfigures a replica before it turns ready: it starts from its own
+            # measured throughput, not the prior (which errs low: a replica that was just added
+            # would refuse work it can do until its first real batch).
+            tokens, seconds = service.measure_throughput()
+            self.admission.batch_finished(tokens, seconds)
 
     def __serve_build_asgi_app__(self):
         return create_api(self)  # the routes call this replica (http.Replica)

@@ -14,8 +14,9 @@ a :class:`ValueError` the scorer raises later is turned into one by :func:`scori
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -329,6 +330,24 @@ class RerankService:
         searches = [(job.context, job.mode, job.scored_documents()) for job in jobs]
         return score_resolved_isolated(self.scorer, searches, cancel=cancel)
 
+    def measure_throughput(
+        self, documents: int = 16, document_bytes: int = 1000
+    ) -> tuple[int, float]:
+        """``(tokens, seconds)`` of one synthetic M3 request of ``documents`` documents of about
+        ``document_bytes`` bytes of plain English each, scored through :meth:`prepare` and
+        :meth:`score` as a request is, after one untimed two-document warm-up (first-call
+        costs). ``tokens`` is the request's ``bound``, the unit admission counts."""
+        search = _synthetic_search(documents, document_bytes)
+        warm = self.prepare(replace(search, documents=search.documents[:2]))
+        self.score([warm])
+        job = self.prepare(search)
+        started = time.perf_counter()
+        (scored,) = self.score([job])
+        seconds = time.perf_counter() - started
+        if isinstance(scored, Exception):
+            raise scored
+        return job.bound, seconds
+
     def relevance(self, scores: np.ndarray, mode: Mode) -> tuple[np.ndarray, bool]:
         """The 0..1 relevance of ``scores`` read in ``mode``: the checkpoint's calibration for
         that mode when it has one (True), else sigmoid (False). Never changes an order."""
@@ -356,6 +375,62 @@ class RerankService:
             "max_length": self.layout.max_length,
             "modes": [m.value for m in Mode] + [AUTO],
         } | public_source(self.scorer.source)
+
+
+_WORDS = (
+    "the",
+    "river",
+    "town",
+    "market",
+    "bridge",
+    "council",
+    "harbour",
+    "winter",
+    "railway",
+    "museum",
+    "library",
+    "station",
+    "village",
+    "church",
+    "school",
+    "farmer",
+    "painter",
+    "novel",
+    "election",
+    "treaty",
+    "mountain",
+    "valley",
+    "island",
+    "festival",
+    "engine",
+    "company",
+    "founder",
+    "century",
+    "district",
+    "province",
+)
+
+
+def _synthetic_search(documents: int, document_bytes: int) -> Search:
+    """A request shaped like an agent's search (question, reasoning, a short query and
+    ``documents`` passages of ``document_bytes`` bytes), its text plain words."""
+
+    def text(seed: int, size: int) -> str:
+        words, n, i = [], 0, seed
+        while n < size:
+            word = _WORDS[(i * 7 + seed) % len(_WORDS)]
+            words.append(word)
+            n += len(word) + 1
+            i += 1
+        return " ".join(words)[:size]
+
+    return Search(
+        query=text(1, 40),
+        documents=[text(10 + i, document_bytes) for i in range(documents)],
+        original_question=text(2, 120),
+        reasoning=text(3, 400),
+        mode="M3",
+    )
 
 
 def is_local_path(model: str) -> bool:

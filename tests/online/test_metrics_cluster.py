@@ -57,6 +57,8 @@ def serve_config(model: Path, port: int) -> dict:
         "batch_wait_timeout_s": SLOW_WAIT_S,
         "admission_deadline_s": 1.0,
         "admission_prior_tokens_per_s": 1.0,
+        # Keep the prior: a throughput measured at start would admit what this app must refuse.
+        "admission_measure_at_start": False,
         "client_share": 1.0,
     }
     config["applications"] = [main, slow]

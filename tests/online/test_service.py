@@ -352,3 +352,43 @@ def test_carried_ids_are_used_only_as_far_as_they_reach(causal):
         [7, 8],
         *inert.encode([" other"]),
     ]
+
+
+def test_a_replica_starts_from_its_measured_throughput_not_the_prior(tiny_qwen3_dir, causal):
+    """A replica Serve starts (``__init__``, then ``reconfigure`` with its ``user_config``)
+    admits on its own measured throughput from the first request: the synthetic request's
+    bound over its time, through the same prepare and score as a request. With
+    ``admission_measure_at_start: false`` it keeps the prior until its first real batch, and
+    only the start measures (a later reconfigure keeps what was measured)."""
+    import inspect
+
+    from acare_ray.online.deployment import Reranker
+    from acare_ray.online.service import _synthetic_search
+
+    tokens, seconds = causal.measure_throughput(documents=4, document_bytes=300)
+    assert tokens == causal.prepare(_synthetic_search(4, 300)).bound > 0 and seconds > 0
+
+    wrapped = Reranker.func_or_class  # serve.ingress wraps the class: the replica's own one
+    (own,) = [
+        k
+        for k in wrapped.__mro__
+        if "__init__" in vars(k)
+        and k.__module__ == "acare_ray.online.deployment"
+        and not inspect.iscoroutinefunction(k.__init__)
+    ]
+
+    def started(**user_config):
+        replica = object.__new__(own)
+        own.__init__(replica, {"model": str(tiny_qwen3_dir), "allow_unauthenticated": True})
+        replica.reconfigure({"admission_prior_tokens_per_s": 1.0, **user_config})
+        return replica
+
+    measured = started()
+    status = measured.admission.snapshot()
+    assert status["measured"] and status["tokens_per_s"] > 1.0, status
+    rate = measured.admission.tokens_per_s
+    measured.reconfigure({"admission_prior_tokens_per_s": 1.0, "admission_deadline_s": 5})
+    assert measured.admission.tokens_per_s == rate  # measured once, at start
+
+    prior = started(admission_measure_at_start=False)
+    assert not prior.admission.measured and prior.admission.tokens_per_s == 1.0
