@@ -40,6 +40,7 @@ writes a config for the default model.
 """
 
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -67,6 +68,8 @@ from acare_ray.online.service import Limits, RerankService, ScoringJob
 from acare_ray.request_errors import ClientError
 from acare_ray.scoring import Cancelled, Scorer
 from acare_ray.scoring.golden import read_golden
+
+logger = logging.getLogger(__name__)
 
 
 @serve.deployment(
@@ -159,8 +162,12 @@ class Reranker:
             # Serve reconfigures a replica before it turns ready: it starts from its own
             # measured throughput, not the prior (which errs low: a replica that was just added
             # would refuse work it can do until its first real batch).
-            tokens, seconds = service.measure_throughput()
-            self.admission.batch_finished(tokens, seconds)
+            try:
+                tokens, seconds = service.measure_throughput()
+            except ClientError as err:  # limits too tight for one document: keep the prior
+                logger.warning("admission keeps its prior: no request to measure (%s)", err)
+            else:
+                self.admission.batch_finished(tokens, seconds)
 
     def __serve_build_asgi_app__(self):
         return create_api(self)  # the routes call this replica (http.Replica)

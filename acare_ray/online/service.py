@@ -336,8 +336,16 @@ class RerankService:
         """``(tokens, seconds)`` of one synthetic M3 request of ``documents`` documents of about
         ``document_bytes`` bytes of plain English each, scored through :meth:`prepare` and
         :meth:`score` as a request is, after one untimed two-document warm-up (first-call
-        costs). ``tokens`` is the request's ``bound``, the unit admission counts."""
+        costs). ``tokens`` is the request's ``bound``, the unit admission counts. Fewer
+        documents where this service's limits (``max_documents``, ``max_request_tokens``) would
+        refuse that many; :class:`ClientError` if even one is refused."""
+        documents = max(1, min(documents, self.limits.max_documents))
         search = _synthetic_search(documents, document_bytes)
+        while documents > 1 and (
+            self.token_bound(search, Mode.M3) > self.limits.max_request_tokens
+        ):
+            documents //= 2
+            search = _synthetic_search(documents, document_bytes)
         warm = self.prepare(replace(search, documents=search.documents[:2]))
         self.score([warm])
         job = self.prepare(search)

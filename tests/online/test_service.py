@@ -367,6 +367,9 @@ def test_a_replica_starts_from_its_measured_throughput_not_the_prior(tiny_qwen3_
 
     tokens, seconds = causal.measure_throughput(documents=4, document_bytes=300)
     assert tokens == causal.prepare(_synthetic_search(4, 300)).bound > 0 and seconds > 0
+    # Within the service's limits: fewer documents where it would refuse that many.
+    narrow = RerankService(causal.scorer, "narrow", Limits(max_documents=3))
+    assert narrow.measure_throughput()[0] == narrow.prepare(_synthetic_search(3, 1000)).bound
 
     wrapped = Reranker.func_or_class  # serve.ingress wraps the class: the replica's own one
     (own,) = [
@@ -377,9 +380,12 @@ def test_a_replica_starts_from_its_measured_throughput_not_the_prior(tiny_qwen3_
         and not inspect.iscoroutinefunction(k.__init__)
     ]
 
-    def started(**user_config):
+    def started(args=None, **user_config):
         replica = object.__new__(own)
-        own.__init__(replica, {"model": str(tiny_qwen3_dir), "allow_unauthenticated": True})
+        own.__init__(
+            replica,
+            {"model": str(tiny_qwen3_dir), "allow_unauthenticated": True, **(args or {})},
+        )
         replica.reconfigure({"admission_prior_tokens_per_s": 1.0, **user_config})
         return replica
 
@@ -392,3 +398,6 @@ def test_a_replica_starts_from_its_measured_throughput_not_the_prior(tiny_qwen3_
 
     prior = started(admission_measure_at_start=False)
     assert not prior.admission.measured and prior.admission.tokens_per_s == 1.0
+    # Limits that refuse even one synthetic document: the replica still starts, on the prior.
+    tight = started({"max_request_tokens": 64})
+    assert not tight.admission.measured and tight.admission.tokens_per_s == 1.0
