@@ -35,6 +35,7 @@ __all__ = [
     "free_ports",
     "model_config_path",
     "qwen3_tokenizer_dir",
+    "replica_class",
     "running",
     "submit_serve_config",
     "wait_for_health",
@@ -111,6 +112,23 @@ def build_random_qwen3(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def replica_class() -> type:
+    """The Serve replica's own class (``serve.ingress`` wraps ``Reranker`` in a class whose
+    ``__init__`` is async), to build a replica in-process with ``cls.__init__(obj, args)``."""
+    import inspect
+
+    from acare_ray.online.deployment import Reranker
+
+    (own,) = [
+        k
+        for k in Reranker.func_or_class.__mro__
+        if "__init__" in vars(k)
+        and k.__module__ == "acare_ray.online.deployment"
+        and not inspect.iscoroutinefunction(k.__init__)
+    ]
+    return own
 
 
 def free_ports(n: int) -> list[int]:

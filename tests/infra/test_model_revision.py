@@ -208,19 +208,9 @@ def test_a_run_relaunched_at_another_revision_does_not_resume():
 
 
 def test_serve_app_revision_reaches_from_pretrained(recorded):
-    import inspect
+    from acare_ray.testing import replica_class
 
-    from acare_ray.online.deployment import Reranker
-
-    # serve.ingress wraps the class (async __init__); call the replica's own constructor.
-    wrapped = Reranker.func_or_class
-    (own,) = [
-        k
-        for k in wrapped.__mro__
-        if "__init__" in vars(k)
-        and k.__module__ == "acare_ray.online.deployment"
-        and not inspect.iscoroutinefunction(k.__init__)
-    ]
+    own = replica_class()  # the replica's own constructor, not serve.ingress's async one
     with pytest.raises(Loaded):
         own.__init__(
             object.__new__(own),

@@ -360,10 +360,8 @@ def test_a_replica_starts_from_its_measured_throughput_not_the_prior(tiny_qwen3_
     bound over its time, through the same prepare and score as a request. With
     ``admission_measure_at_start: false`` it keeps the prior until its first real batch, and
     only the start measures (a later reconfigure keeps what was measured)."""
-    import inspect
-
-    from acare_ray.online.deployment import Reranker
     from acare_ray.online.service import _synthetic_search
+    from acare_ray.testing import replica_class
 
     tokens, seconds = causal.measure_throughput(documents=4, document_bytes=300)
     assert tokens == causal.prepare(_synthetic_search(4, 300)).bound > 0 and seconds > 0
@@ -371,14 +369,7 @@ def test_a_replica_starts_from_its_measured_throughput_not_the_prior(tiny_qwen3_
     narrow = RerankService(causal.scorer, "narrow", Limits(max_documents=3))
     assert narrow.measure_throughput()[0] == narrow.prepare(_synthetic_search(3, 1000)).bound
 
-    wrapped = Reranker.func_or_class  # serve.ingress wraps the class: the replica's own one
-    (own,) = [
-        k
-        for k in wrapped.__mro__
-        if "__init__" in vars(k)
-        and k.__module__ == "acare_ray.online.deployment"
-        and not inspect.iscoroutinefunction(k.__init__)
-    ]
+    own = replica_class()
 
     def started(args=None, **user_config):
         replica = object.__new__(own)
