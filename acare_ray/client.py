@@ -51,7 +51,8 @@ class AcareError(RuntimeError):
 
 @dataclass(frozen=True)
 class RerankHit:
-    """One reranked document: its position in the request, sigmoid(log-odds), the document when
+    """One reranked document: its position in the request, its 0..1 relevance (the checkpoint's
+    calibration where it has one, else sigmoid(log-odds)), the document when
     ``return_documents`` was set."""
 
     index: int

@@ -144,18 +144,22 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     """An :class:`AsyncAcareClient` wired to the service app built here (no Ray, no network)."""
     import httpx
 
-    from acare_ray.checkpoint_settings import read_fusion
+    from acare_ray.checkpoint_settings import read_calibration, read_fusion
     from acare_ray.client import AsyncAcareClient
     from acare_ray.online.http import client_of, inline_score, single_model_api
     from acare_ray.online.models import short_model_name
     from acare_ray.online.search_routes import SearchSettings, search_routes
     from acare_ray.online.service import RerankService
     from acare_ray.scoring import Scorer
+    from acare_ray.scoring.golden import read_golden
     from acare_ray.search.sessions import LocalSessions
 
     fitted = read_fusion(model)
     scorer = Scorer.from_pretrained(model, device=device)
-    service = RerankService(scorer, short_model_name(model))
+    # the checkpoint's golden cases and calibration, as a Serve replica loads them
+    service = RerankService(
+        scorer, short_model_name(model), None, read_golden(model), read_calibration(model)
+    )
     settings = SearchSettings(index=str(index))
 
     routes = search_routes(

@@ -8,7 +8,7 @@ scores in input order.
 All three shapes accept the ACARe extension fields ``original_question``, ``reasoning`` and
 ``mode``, and the first-stage fields ``first_stage_scores``, ``first_stage_order`` and
 ``fusion`` (:mod:`acare_ray.online.fusion_fields`: with a first stage the results follow the
-fused order; without one a response is exactly as before). Unknown fields are refused (422) so
+fused order; without one the response carries the raw-score order and nothing fused). Unknown fields are refused (422) so
 a misspelt context field never goes unnoticed; Cohere fields this server does not act on
 (``max_chunks_per_doc``, ``priority``) are accepted so unmodified clients keep working.
 ``model`` picks among a deployment's models (:mod:`acare_ray.online.models`); a deployment of

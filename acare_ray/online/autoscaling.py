@@ -4,8 +4,8 @@ Serve's default policy scales on ongoing requests per replica (running + queued)
 ``look_back_period_s``, after ``upscale_delay_s``. Admission control refuses (503) a request the
 replica could not start within its deadline, and a refused request leaves at once: it never
 counts as ongoing. So under a load step the default policy sees a replica that looks busy but
-not overloaded while clients are already being turned away (``benchmarks/results/
-autoscale-cpu-minilm``: the first refusal at 3 s, the second replica asked for at 10 s).
+not overloaded while clients are already being turned away (docs/online.md, "Autoscaling and
+admission", has the measurement).
 
 :class:`PressurePolicy` adds what each replica reports through ``record_autoscaling_stats``
 (:meth:`acare_ray.online.deployment.Reranker.record_autoscaling_stats`):

@@ -1,4 +1,4 @@
-"""The first stage in a rerank request, and fusion of the served scores with it (issue 20).
+"""The first stage in a rerank request, and fusion of the served scores with it.
 
 Every rerank shape (Cohere v1/v2 ``documents``, TEI ``texts``) takes three optional fields
 (:class:`FirstStageFields`):

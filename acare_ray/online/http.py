@@ -347,12 +347,14 @@ class _Scoring:
 
     async def run(
         self, search: Search, request: Request, response: Response
-    ) -> tuple[ScoringJob, np.ndarray, int]:
-        """Prepare, score and count one search on the default model: (job, log-odds, tokens)."""
-        _, job, scores, tokens = await self.run_on(
+    ) -> tuple[ScoringJob, np.ndarray, int, np.ndarray]:
+        """Prepare, score and count one search on the default model: (job, log-odds, tokens,
+        0..1 relevance by the model's rule, said in ``x-acare-relevance``)."""
+        served, job, scores, tokens = await self.run_on(
             self.router.catalog.default, search, request, response
         )
-        return job, scores, tokens
+        values, _ = _relevance(served, job, scores, response)
+        return job, scores, tokens, values
 
     async def run_on(
         self, name: str, search: Search, request: Request, response: Response
@@ -367,7 +369,7 @@ class _Scoring:
         self, served: Served, search: Search, request: Request, response: Response
     ) -> tuple[ScoringJob, np.ndarray, int]:
         service = served.service
-        if self.router.catalog.strict:  # a deployment of one `model`: no name header, as before
+        if self.router.catalog.strict:  # a catalog of several models names the one that answered
             response.headers["x-acare-model"] = served.name
         if served.version is not None:  # every deployment: which checkpoint answered
             response.headers["x-acare-model-version"] = served.version
@@ -404,7 +406,7 @@ class _Scoring:
 def _fused(
     body: FirstStageFields, scores: np.ndarray, response: Response, served: Served
 ) -> FusedScores | None:
-    """The request's fusion with its first stage (None without one: answered as before);
+    """The request's fusion with its first stage (None without one: the raw-score response);
     ``fusion: auto`` is the setting fitted for the model that answered."""
     out = fuse_request(body, scores, served.fitted_fusion)
     if out is not None:
@@ -413,10 +415,15 @@ def _fused(
 
 
 def _relevance(
-    served: Served, job: ScoringJob, scores: np.ndarray, response: Response
+    served: Served, job: ScoringJob, scores: np.ndarray, response: Response, raw: bool = False
 ) -> tuple[np.ndarray, bool]:
-    """The model's 0..1 relevance of ``scores`` (calibrated for the job's mode where the
-    checkpoint has a calibration, else sigmoid), said in ``x-acare-relevance``."""
+    """The one relevance rule of every route: the model's 0..1 relevance of ``scores``
+    (calibrated for the job's mode where the checkpoint has a calibration, else sigmoid), or the
+    log-odds themselves when the request asks for ``raw`` values; said in ``x-acare-relevance``
+    (``calibrated``, ``sigmoid``, ``raw``) as the body says it."""
+    if raw:
+        response.headers["x-acare-relevance"] = "raw"
+        return np.asarray(scores, dtype=np.float64), False
     values, calibrated = served.service.relevance(scores, job.mode)
     response.headers["x-acare-relevance"] = "calibrated" if calibrated else "sigmoid"
     return values, calibrated
@@ -442,7 +449,9 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
             model=served.name,
             tokens=tokens,
             fused=_fused(body, scores, response, served),
-            calibrated=_relevance(served, job, scores, response),
+            calibrated=_relevance(
+                served, job, scores, response, raw=getattr(body, "use_activation", None) is False
+            ),
         )
 
     async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
@@ -474,12 +483,10 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
         scores = np.empty(len(texts), dtype=np.float64)
         for rows, (_, _, group_scores, _) in zip(groups.values(), runs):
             scores[rows] = group_scores
-        if body.use_activation is False:
-            values = scores
-        else:
-            values = np.empty(len(texts), dtype=np.float64)
-            for rows, (served, job, group_scores, _) in zip(groups.values(), runs):
-                values[rows] = _relevance(served, job, group_scores, response)[0]
+        values = np.empty(len(texts), dtype=np.float64)
+        raw = body.use_activation is False
+        for rows, (served, job, group_scores, _) in zip(groups.values(), runs):
+            values[rows] = _relevance(served, job, group_scores, response, raw)[0]
         tokens = sum(run[3] for run in runs)
         response.headers["x-acare-tokens"] = str(tokens)
         return ScoreResponse(
@@ -505,7 +512,7 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
             len(body.query) + sum(len(t) for t in body.texts)
         )
         response.headers["x-compute-time"] = response.headers["x-total-time"] = elapsed_ms
-        calibrated = None if body.raw_scores else _relevance(served, job, scores, response)
+        calibrated = _relevance(served, job, scores, response, raw=body.raw_scores)
         return tei_response(body, scores, _fused(body, scores, response, served), calibrated)
 
     # The body models are built per app (max_documents), so the annotations are set here.

@@ -8,7 +8,7 @@ model loaded already). Absent both, the default model answers. An unknown name i
 whose body lists the available names (:class:`UnknownModel`).
 
 A deployment configured with a single ``model`` (no ``models``) is a catalog of one that is
-not *strict*: the ``model`` field stays accepted and ignored, as before several models existed
+not *strict*: the ``model`` field is accepted and ignored
 (Cohere's SDK requires some value), and the one model answers every request.
 
 The HTTP layer reaches the loaded models through a :class:`ModelRouter`: ``use(name)`` gives a

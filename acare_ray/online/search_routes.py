@@ -27,14 +27,17 @@ from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
-from acare_ray.online.api import AgentFields, relevance
+from acare_ray.online.api import AgentFields
 from acare_ray.online.fusion_fields import FusionSetting
 from acare_ray.online.service import ScoringJob, Search
 from acare_ray.request_errors import ClientError
 from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
 from acare_ray.search.sessions import SessionLimits
 
-RunFn = Callable[[Search, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int]]]
+# (job, log-odds, tokens, 0..1 relevance by the served model's rule)
+RunFn = Callable[
+    [Search, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int, np.ndarray]]
+]
 MAX_SESSION_ID = 256
 MAX_SEEN_IDS = 10_000
 DEFAULT_TOP_K = 10
@@ -155,7 +158,9 @@ class SearchHit(BaseModel):
     title: str | None = None
     text: str
     score: float = Field(description="The reranker's log-odds.")
-    relevance_score: float = Field(description="sigmoid(score) in 0..1.")
+    relevance_score: float = Field(
+        description="0..1: the checkpoint's calibration of score for the mode, else sigmoid(score)."
+    )
     first_stage_rank: int = Field(description="1-based rank in the first stage's list.")
     first_stage_score: float | None = None
     fused_score: float | None = Field(
@@ -220,12 +225,13 @@ def _ms_since(started: float) -> float:
 def _hits(
     candidates: Sequence[Candidate],
     scores: np.ndarray,
+    probabilities: np.ndarray,
     fused: Fused | None,
     served: Sequence[int],
     seen: set[str],
 ) -> list[SearchHit]:
-    """The ``served`` candidates as response hits (``fused``: None when fusion is none)."""
-    probabilities = relevance(scores)
+    """The ``served`` candidates as response hits (``probabilities``: the 0..1 relevance of
+    ``scores`` the model's rule gives; ``fused``: None when fusion is none)."""
     return [
         SearchHit(
             doc_id=candidates[i].doc_id,
@@ -302,14 +308,18 @@ class SearchRoutes:
             seen.update(await self.sessions.seen(client, body.session_id))
         session_ms = _ms_since(started)
         started = time.perf_counter()
-        job, scores, tokens = await run(_rerank_request(body, candidates), request, response)
+        job, scores, tokens, probabilities = await run(
+            _rerank_request(body, candidates), request, response
+        )
         rerank_ms = _ms_since(started)
         fusion = resolve_fusion(body.fusion, self.fitted_fusion)
         fused = fuse_with_first_stage(candidates, scores, fusion)
         response.headers["x-acare-fusion"] = fusion.label
         doc_ids = [c.doc_id for c in candidates]
         served = unseen_first([int(i) for i in fused.order], doc_ids, seen)[:top_k]
-        hits = _hits(candidates, scores, fused if fusion.enabled else None, served, seen)
+        hits = _hits(
+            candidates, scores, probabilities, fused if fusion.enabled else None, served, seen
+        )
         if body.session_id is not None and hits:
             started = time.perf_counter()
             await self.sessions.remember(client, body.session_id, [h.doc_id for h in hits])

@@ -228,15 +228,46 @@ class PairScorer(nn.Module):
 
     It owns the backend's Hugging Face model (so DDP/FSDP see its parameters) and calls the
     backend's ``forward_ids``, the function inference uses.
+
+    ``chunk_tokens``: run the pairs sorted by length in chunks of at most that many padded tokens
+    (at least one pair), each padded to its own longest pair instead of the batch's, as inference
+    batches by token budget. A pair's logit does not depend on the padding or the other pairs, so
+    the logits are the same within float rounding, in the input order, and gradients flow
+    through every chunk; only the padded work shrinks. None: one call on the whole batch.
     """
 
-    def __init__(self, backend: CrossEncoderBackend) -> None:
+    def __init__(self, backend: CrossEncoderBackend, chunk_tokens: int | None = None) -> None:
         super().__init__()
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1 or None, got {chunk_tokens}")
         self.model = backend.model
         self._backend = backend
+        self.chunk_tokens = chunk_tokens
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self._backend.forward_ids(ids, lengths)
+        if self.chunk_tokens is None or ids.shape[0] <= 1:
+            return self._backend.forward_ids(ids, lengths)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        parts = []
+        for chunk in length_chunks(lengths[order].tolist(), self.chunk_tokens):
+            rows = order[chunk.start : chunk.stop]
+            width = int(lengths[rows[0]])
+            parts.append(self._backend.forward_ids(ids[rows, :width], lengths[rows]))
+        logits = torch.cat(parts)
+        return logits[torch.argsort(order)]
+
+
+def length_chunks(lengths: Sequence[int], chunk_tokens: int) -> list[slice]:
+    """Consecutive slices of ``lengths`` (sorted longest first) whose padded size, rows x the
+    first row's length, stays within ``chunk_tokens``; a row longer than that is a chunk alone."""
+    chunks, start = [], 0
+    for end in range(1, len(lengths) + 1):
+        if end - start > 1 and (end - start) * lengths[start] > chunk_tokens:
+            chunks.append(slice(start, end - 1))
+            start = end - 1
+    if start < len(lengths):
+        chunks.append(slice(start, len(lengths)))
+    return chunks
 
 
 @dataclass

@@ -85,6 +85,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="bf16 autocast for CPU training (weights stay float32; GPUs always use it)",
     )
     add(
+        "--chunk-tokens",
+        type=int,
+        default=d["chunk_tokens"],
+        help="cross-encoders: run each micro-batch sorted by length in chunks of at most this "
+        "many padded tokens (same scores, less padding)",
+    )
+    add(
+        "--freeze-embeddings",
+        action="store_true",
+        help="train no embedding weights (no gradient, no optimizer state)",
+    )
+    add(
+        "--freeze-layers",
+        type=int,
+        default=d["freeze_layers"],
+        help="train none of the lowest N transformer layers",
+    )
+    add(
         "--select-metric",
         default=d["select_metric"],
         help="val/nDCG@10/<mode> or val/loss/<mode>: the result is the best checkpoint by it",

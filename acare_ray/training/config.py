@@ -18,7 +18,8 @@ from acare_ray.scoring import DEFAULT_MODEL, Mode, ScorerSettings
 from acare_ray.training.stopping import check_metric
 
 STRATEGIES = ("ddp", "fsdp")
-# Settings that fix which groups each step sees; a relaunch that changes one cannot resume.
+# Settings that fix which groups each step sees, or which parameters the optimizer holds; a
+# relaunch that changes one cannot resume.
 RESUME_KEYS = (
     "data",
     "data_weights",
@@ -36,6 +37,8 @@ RESUME_KEYS = (
     "seed",
     "p_question",
     "p_reasoning",
+    "freeze_embeddings",
+    "freeze_layers",
 )
 
 
@@ -62,6 +65,12 @@ class TrainConfig:
     the same section as the offline jobs' and the Serve app's: ``backend``, ``max_length``,
     the batching of validation); the worker decides the device and float32 weights, so
     ``device`` and ``dtype`` are refused there.
+
+    Speed levers (docs/training.md has their measurement): ``cpu_bf16`` (bf16 autocast on CPU),
+    ``chunk_tokens`` (cross-encoders: each micro-batch's pairs run sorted by length in chunks of
+    at most that many padded tokens; same scores, less padding), ``freeze_embeddings`` and
+    ``freeze_layers`` (the embeddings and the lowest N transformer layers get no gradient and no
+    optimizer state).
 
     Selection and stopping (:mod:`acare_ray.training.stopping`): with ``select_metric``
     (``val/nDCG@10/<mode>`` or ``val/loss/<mode>``) the run's result is its best validated
@@ -108,6 +117,9 @@ class TrainConfig:
     log_every: int = 10
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
     cpu_bf16: bool = False
+    chunk_tokens: int | None = None
+    freeze_embeddings: bool = False
+    freeze_layers: int = 0
     select_metric: str | None = None
     patience: int | None = None
     min_delta: float = 0.0
@@ -137,6 +149,20 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.chunk_tokens is not None and (
+            isinstance(self.chunk_tokens, bool)
+            or not isinstance(self.chunk_tokens, int)
+            or self.chunk_tokens < 1
+        ):
+            raise ValueError(
+                f"chunk_tokens must be an integer >= 1 or None, got {self.chunk_tokens!r}"
+            )
+        if (
+            isinstance(self.freeze_layers, bool)
+            or not isinstance(self.freeze_layers, int)
+            or self.freeze_layers < 0
+        ):
+            raise ValueError(f"freeze_layers must be an integer >= 0, got {self.freeze_layers!r}")
         if self.group_size < 2:
             raise ValueError(
                 f"group_size must be >= 2 (1 positive + negatives), got {self.group_size}"

@@ -23,9 +23,60 @@ from acare_ray.scoring import Scorer
 from acare_ray.training.collator import Batch
 
 
-def trainable_module(scorer: Scorer) -> nn.Module:
-    """The differentiable scoring module of a :class:`~acare_ray.scoring.scorer.Scorer`."""
-    return scorer.backend.trainable_module()
+def trainable_module(scorer: Scorer, chunk_tokens: int | None = None) -> nn.Module:
+    """The differentiable scoring module of a :class:`~acare_ray.scoring.scorer.Scorer`.
+
+    ``chunk_tokens`` (cross-encoders only): each micro-batch runs sorted by length in chunks of at
+    most that many padded tokens (:class:`~acare_ray.scoring.cross_encoder.PairScorer`); the
+    causal backend's module shares prefixes and sizes its own calls, so it refuses the setting.
+    """
+    if chunk_tokens is None:
+        return scorer.backend.trainable_module()
+    from acare_ray.scoring.cross_encoder import CrossEncoderBackend, PairScorer
+
+    if not isinstance(scorer.backend, CrossEncoderBackend):
+        raise ValueError(
+            f"chunk_tokens applies to cross-encoders; the {scorer.backend.name} backend sizes "
+            "its own calls (leave chunk_tokens unset)"
+        )
+    return PairScorer(scorer.backend, chunk_tokens)
+
+
+def freeze_lowest(hf_model: nn.Module, embeddings: bool, layers: int) -> int:
+    """Stop training the embeddings (``embeddings``) and the lowest ``layers`` transformer
+    layers of a Hugging Face model; returns how many parameters were frozen.
+
+    Frozen parameters get no gradient and no optimizer state (:func:`build_optimizer` skips
+    them); the backward pass stops below the lowest trained layer once the embeddings are frozen
+    too. In a model whose output head shares the input embedding matrix (tied weights, as in
+    Qwen3-0.6B), freezing the embeddings freezes that head as well.
+    """
+    blocks: list[nn.Module] = []
+    base = getattr(hf_model, "base_model", hf_model)
+    if embeddings:
+        blocks.append(getattr(base, "embeddings", None) or hf_model.get_input_embeddings())
+    if layers:
+        stack = _layer_stack(base)
+        if not 0 <= layers <= len(stack):
+            raise ValueError(f"freeze_layers is {layers}; the model has {len(stack)} layers")
+        blocks.extend(stack[:layers])
+    frozen = 0
+    for block in blocks:
+        for param in block.parameters():
+            if param.requires_grad:
+                param.requires_grad_(False)
+                frozen += param.numel()
+    return frozen
+
+
+def _layer_stack(base: nn.Module) -> nn.ModuleList:
+    """The transformer layers of a base model (``encoder.layer`` in BERT-style models,
+    ``layers`` in decoder-only ones)."""
+    encoder = getattr(base, "encoder", None)
+    for stack in (getattr(encoder, "layer", None), getattr(base, "layers", None)):
+        if isinstance(stack, nn.ModuleList):
+            return stack
+    raise ValueError(f"freeze_layers: no layer list found in {type(base).__name__}")
 
 
 def build_optimizer(module: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:

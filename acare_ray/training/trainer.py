@@ -41,6 +41,7 @@ from acare_ray.training.collator import GroupCollator
 from acare_ray.training.config import TrainConfig
 from acare_ray.training.loop import (
     build_optimizer,
+    freeze_lowest,
     train_step,
     trainable_module,
     warmup_linear,
@@ -131,7 +132,17 @@ class WorkerRun:
                 dtype=torch.float32,
             )
 
-        self.module = trainable_module(self.scorer)
+        frozen = freeze_lowest(
+            self.scorer.backend.hf_model, config.freeze_embeddings, config.freeze_layers
+        )
+        if frozen and self.rank == 0:
+            log.info(
+                "frozen: %d parameters (embeddings %s, lowest %d layers)",
+                frozen,
+                config.freeze_embeddings,
+                config.freeze_layers,
+            )
+        self.module = trainable_module(self.scorer, config.chunk_tokens)
         self.module.train()
         self.model = _wrap(self.module, config, self.world)
         self.optimizer = build_optimizer(self.model, config.lr, config.weight_decay)

@@ -29,8 +29,8 @@ QUESTION = "What is the population of the capital of the country where Anna Berg
 REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria."
 
 
-def make_app(scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8):
-    service = RerankService(scorer, "tiny", Limits(max_documents=50))
+def make_app(scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8, calibration=None):
+    service = RerankService(scorer, "tiny", Limits(max_documents=50), calibration=calibration)
     settings = SearchSettings(
         index=str(index_dir), first_stage_k=first_stage_k, max_top_k=max_top_k
     )
@@ -307,3 +307,88 @@ def test_session_memory_is_bounded_by_ttl_count_and_size():
     assert memory.seen("k3", "a") == [] and memory.seen("k2", "a") == ["z"]
     now[0] = 40.0
     assert memory.counts() == {"clients": 0, "sessions": 0}
+
+
+def test_every_route_answers_one_relevance_and_says_how_it_was_made(
+    tiny_scorer, tiny_qwen3_copy, index_dir
+):
+    """A checkpoint calibrated for M3: /v1/search, /v1/rerank, /v2/rerank, /rerank, /score and
+    the client the MCP tools call give each document the same relevance, the calibration of its
+    score, and x-acare-relevance says what the body holds (raw values included)."""
+    import asyncio
+
+    from scipy.special import expit
+
+    from acare_ray.calibration import Calibration
+    from acare_ray.checkpoint_settings import read_calibration, write_calibration
+    from acare_ray.mcp_server import in_process_client
+
+    write_calibration(tiny_qwen3_copy, "M3", Calibration(0.5, -1.0), {"note": "test"})
+    client, _ = make_app(tiny_scorer, index_dir, calibration=read_calibration(tiny_qwen3_copy))
+    context = {"original_question": QUESTION, "reasoning": REASONING}
+    found = client.post("/v1/search", json={"query": QUERY, **context, "top_k": 4})
+    assert found.status_code == 200 and found.headers["x-acare-relevance"] == "calibrated"
+    hits = found.json()["results"]
+    for hit in hits:
+        assert hit["relevance_score"] == pytest.approx(expit(0.5 * hit["score"] - 1.0), abs=1e-9)
+    docs = [document_text(h["title"], h["text"]) for h in hits]
+    want = {d: h["relevance_score"] for d, h in zip(docs, hits)}
+
+    def by_document(results, key):
+        return {docs[r["index"]]: r[key] for r in results}
+
+    answers = {
+        "/v1/rerank": client.post(
+            "/v1/rerank", json={"query": QUERY, "documents": docs, **context}
+        ),
+        "/v2/rerank": client.post(
+            "/v2/rerank", json={"query": QUERY, "documents": docs, **context}
+        ),
+        "/rerank": client.post("/rerank", json={"query": QUERY, "texts": docs, **context}),
+        "/score": client.post("/score", json={"text_1": QUERY, "text_2": docs, **context}),
+    }
+    for route, answer in answers.items():
+        assert answer.status_code == 200, (route, answer.text)
+        assert answer.headers["x-acare-relevance"] == "calibrated", route
+    got = {
+        "/v1/rerank": by_document(answers["/v1/rerank"].json()["results"], "relevance_score"),
+        "/v2/rerank": by_document(answers["/v2/rerank"].json()["results"], "relevance_score"),
+        "/rerank": by_document(answers["/rerank"].json(), "score"),
+        "/score": by_document(answers["/score"].json()["data"], "score"),
+    }
+    for route, values in got.items():
+        for doc, value in values.items():
+            assert value == pytest.approx(want[doc], abs=1e-6), route
+    assert answers["/v1/rerank"].json()["meta"]["relevance"] == "calibrated"
+
+    async def through_the_mcp_client():
+        async with in_process_client(str(tiny_qwen3_copy), str(index_dir), "cpu") as mcp:
+            searched = await mcp.search(QUERY, **context, top_k=4)
+            reranked = await mcp.rerank(QUERY, docs, **context)
+        return searched, reranked
+
+    searched, reranked = asyncio.run(through_the_mcp_client())
+    for hit in searched.hits:
+        assert hit.relevance_score == pytest.approx(expit(0.5 * hit.score - 1.0), abs=1e-9)
+    for hit in reranked.hits:
+        assert hit.relevance_score == pytest.approx(want[docs[hit.index]], abs=1e-6)
+
+    # raw values: the header says raw wherever the body holds log-odds
+    raw = {
+        "/v1/rerank": client.post(
+            "/v1/rerank",
+            json={"query": QUERY, "documents": docs, **context, "use_activation": False},
+        ),
+        "/rerank": client.post(
+            "/rerank", json={"query": QUERY, "texts": docs, **context, "raw_scores": True}
+        ),
+        "/score": client.post(
+            "/score", json={"text_1": QUERY, "text_2": docs, **context, "use_activation": False}
+        ),
+    }
+    for route, answer in raw.items():
+        assert answer.status_code == 200 and answer.headers["x-acare-relevance"] == "raw", route
+    assert raw["/v1/rerank"].json()["meta"]["relevance"] == "raw"
+    scores = {docs[r["index"]]: r["score"] for r in raw["/score"].json()["data"]}
+    for doc, hit in zip(docs, hits):
+        assert scores[doc] == pytest.approx(hit["score"], abs=1e-5)

@@ -142,8 +142,8 @@ def expected_tei(service, body) -> tuple[bytes, dict[str, str]]:
             }
         )
     headers = {"x-acare-mode": mode, "x-acare-tokens": str(tokens), "x-acare-batch-requests": "1"}
-    if not body.get("raw_scores"):
-        headers["x-acare-relevance"] = "sigmoid"
+    # the header says what the body holds: the log-odds themselves with raw_scores
+    headers["x-acare-relevance"] = "raw" if body.get("raw_scores") else "sigmoid"
     return encoded(answer), headers
 
 

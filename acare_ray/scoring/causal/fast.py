@@ -47,8 +47,9 @@ _CUDA_CUDNN = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", Non
 CUDA_KERNELS = ("cudnn", "flash")
 cuda_kernel = "cudnn"
 """Which CUDA kernel the split path calls (:data:`CUDA_KERNELS`): cuDNN's fused attention where
-it runs (one H200, M3: 12-14% less device time than PyTorch's flash-2 kernel, same scores within
-bf16 rounding; ``benchmarks/results/gpu-levers.md``), else flash (:func:`select_cuda_kernel`)."""
+it runs (less device time than PyTorch's flash-2 kernel at the same scores within bf16
+rounding, measured in ``benchmarks/results/gpu-levers.md``), else flash
+(:func:`select_cuda_kernel`)."""
 
 
 def select_cuda_kernel(device: torch.device, dtype: torch.dtype) -> str:
@@ -325,8 +326,8 @@ class PrefixSharedYesNo(YesNoModule):
     def _can_split(self, x: torch.Tensor, prefix: PrefixState, doc_group) -> bool:
         """Split attention (:func:`_attend_shared_prefix`) for inference on one unpadded prefix
         at least as long as the candidates, where a kernel for it runs (CPU; CUDA in bf16/fp16).
-        A short (M0) prefix is cheaper to copy than to merge on both: on one H200, compiled,
-        M0 concat 1,111 vs split 785 pairs/s, M3 split 681 vs concat 671 (docs/speed.md).
+        A short (M0) prefix is cheaper to copy than to merge on both (docs/speed.md has the
+        measurement).
         :attr:`attention` forces either."""
         if (
             self.attention == "concat"
