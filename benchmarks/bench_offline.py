@@ -147,8 +147,8 @@ def plain_loop(args: argparse.Namespace, input_path: Path, output: Path) -> int:
     import pyarrow.parquet as pq
     import torch
 
+    from acare_ray.data.schema import RERANK_OUTPUT
     from acare_ray.offline.score import rerank_rows
-    from acare_ray.schema import RERANK_OUTPUT
     from acare_ray.scoring import Scorer
 
     torch.set_num_threads(args.threads)

@@ -345,7 +345,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     p.add_argument(
         "--model",
         default=d.model,
-        help="'tiny', a config under tests/fixtures/model_configs, or a path",
+        help="'tiny', a config under acare_ray/testing/fixtures/model_configs, or a path",
     )
     p.add_argument("--layers", type=int, default=d.layers, help="override the layer count")
     p.add_argument("--device", default=d.device)

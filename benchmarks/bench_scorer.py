@@ -1,7 +1,7 @@
 """Scorer benchmark: acare_ray's shared-prefix Scorer against the official Hugging Face recipe.
 
 One process, one random-weight Qwen3 of real width (shapes from
-``tests/fixtures/model_configs``) and the real Qwen3 tokenizer; searches of 100 candidates; modes
+``acare_ray/testing/fixtures/model_configs``) and the real Qwen3 tokenizer; searches of 100 candidates; modes
 M0 (sub-query only) and M3 (question plus ~512 tokens of reasoning). Methods, on the same model
 object and the same inputs:
 
@@ -309,7 +309,7 @@ def parse_args(argv: list[str] | None = None) -> list[BenchConfig]:
         "--config",
         nargs="+",
         default=[d.config],
-        help="folders under tests/fixtures/model_configs, or tiny; several run one after another",
+        help="folders under acare_ray/testing/fixtures/model_configs, or tiny; several run one after another",
     )
     p.add_argument("--shrink", action="store_true", help="the configs with the test model's width")
     p.add_argument("--compile", action="store_true", help="ours with Scorer(compile=True)")

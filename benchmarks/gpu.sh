@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Scorer benchmark on one GPU: random-weight Qwen3 at the shapes of Qwen3-Reranker-0.6B and of a
-# 4B model (tests/fixtures/model_configs/Qwen3-Embedding-4B), bf16, searches of 100 candidates with a
+# 4B model (acare_ray/testing/fixtures/model_configs/Qwen3-Embedding-4B), bf16, searches of 100 candidates with a
 # shared prefix of 1,000 tokens and documents of 256 tokens (benchmarks/bench_gpu.py). Prints
 # pairs/s and model-FLOPs utilisation (2 x non-embedding params x tokens / time / 989e12, H100/H200
 # dense bf16) for ours, the strong baseline and the official recipe; each attention path eager and
@@ -43,8 +43,8 @@ if ! "$PYTHON" -c "import torch, transformers, tokenizers, safetensors, numpy" 2
     "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" \
         torch transformers tokenizers safetensors numpy
 fi
-if [[ ! -f tests/fixtures/qwen3_tokenizer/vocab.json ]]; then
-    echo "no tokenizer at tests/fixtures/qwen3_tokenizer (run from a full checkout)" >&2
+if [[ ! -f acare_ray/testing/fixtures/qwen3_tokenizer/vocab.json ]]; then
+    echo "no tokenizer at acare_ray/testing/fixtures/qwen3_tokenizer (run from a full checkout)" >&2
     exit 1
 fi
 

@@ -25,8 +25,8 @@ from quality_musique import rank_searches, split_questions
 from report import write_report
 
 from acare_ray.data.musique import musique_searches
-from acare_ray.metrics import bootstrap_ci, evaluate, paired_randomization_test
-from acare_ray.schema import parse_search
+from acare_ray.data.schema import parse_search
+from acare_ray.eval.ir_metrics import bootstrap_ci, evaluate, paired_randomization_test
 from acare_ray.scoring import Mode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,14 +33,14 @@ from splits import hold_out
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.io import write_parquet
 from acare_ray.data.musique import musique_searches
-from acare_ray.metrics import (
+from acare_ray.data.schema import Search, parse_search
+from acare_ray.eval.ir_metrics import (
     bootstrap_ci,
     evaluate,
     holm_bonferroni,
     paired_bootstrap_test,
     paired_randomization_test,
 )
-from acare_ray.schema import Search, parse_search
 from acare_ray.scoring import (
     DEFAULT_MODEL,  # noqa: E402
     Mode,

@@ -166,7 +166,7 @@ def context_cost(model: str, test_path: Path, n: int, threads: int) -> dict:
     """Tokens per search and scoring seconds per search, by mode, on ``n`` test searches."""
     import torch
 
-    from acare_ray.schema import parse_search
+    from acare_ray.data.schema import parse_search
     from acare_ray.scoring import Scorer
 
     torch.set_num_threads(threads)
@@ -194,7 +194,7 @@ def context_cost(model: str, test_path: Path, n: int, threads: int) -> dict:
 def first_stage_baselines(test_path: Path, resamples: int) -> dict:
     """No reranker: the BM25 order, and the agent's own retriever order (its 5 passages first,
     then BM25), through the same per-search measures and session replay."""
-    from acare_ray.metrics import bootstrap_ci, evaluate
+    from acare_ray.eval.ir_metrics import bootstrap_ci, evaluate
     from acare_ray.offline.session_eval import Significance, load_sessions, session_section
 
     rows = read_parquet(test_path).to_pylist()

@@ -28,7 +28,7 @@ from report import write_report
 
 from acare_ray.data.io import read_parquet
 from acare_ray.data.traces import page_key
-from acare_ray.metrics import evaluate, rank_docs
+from acare_ray.eval.ir_metrics import evaluate, rank_docs
 from acare_ray.offline.evaluate import load_runs
 
 ROOT = Path(__file__).resolve().parents[1]

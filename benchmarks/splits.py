@@ -1,12 +1,12 @@
 """Held-out test questions for the quality benchmarks: the project's one split
-(:mod:`acare_ray.splits`) over a named column."""
+(:mod:`acare_ray.eval.splits`) over a named column."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from acare_ray.splits import split_values
+from acare_ray.eval.splits import split_values
 
 
 def hold_out(table: pa.Table, column: str, n_test: int, seed: int) -> tuple[pa.Table, pa.Table]:

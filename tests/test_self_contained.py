@@ -5,10 +5,10 @@ committed) fails here. It runs, with the clone's own code, no dataset (``ACARE_D
 points nowhere) and ``CI`` unset (dataset-dependent tests skip instead of failing), tests that
 between them load every committed fixture from the clone:
 
-- ``tests/fixtures/qwen3_tokenizer``: the prompt layout tests (``tests/test_prompt.py``) load
+- ``acare_ray/testing/fixtures/qwen3_tokenizer``: the prompt layout tests (``tests/scoring/test_prompt.py``) load
   it with ``AutoTokenizer``, and the tiny random Qwen3 of ``tiny_qwen3_dir`` is built with it
   (``acare_ray.testing.build_random_qwen3``), which a scorer test then loads and scores;
-- ``tests/fixtures/model_configs/*/config.json``: the real Qwen3 layouts checked against the
+- ``acare_ray/testing/fixtures/model_configs/*/config.json``: the real Qwen3 layouts checked against the
   fast path, one test per config;
 - ``tests/fixtures/kuberay_crds/*.yaml``: every KubeRay manifest is validated against the CRD
   of its kind (RayCluster, RayService, RayJob).
@@ -31,10 +31,10 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SUBSET = (
-    "tests/test_prompt.py",
+    "tests/scoring/test_prompt.py",
     "tests/infra/test_kuberay_manifests.py",
-    "tests/test_causal_fallback.py::test_real_qwen3_configs_fit_the_fast_path",
-    "tests/test_scorer.py::test_scores_are_float32_in_input_order",
+    "tests/scoring/test_causal_fallback.py::test_real_qwen3_configs_fit_the_fast_path",
+    "tests/scoring/test_scorer.py::test_scores_are_float32_in_input_order",
 )
 CLEARED = ("CI", "ACARE_DATA_DIR", "PYTHONPATH")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from acare_ray.metrics import (
+from acare_ray.eval.ir_metrics import (
     evaluate,
     holm_bonferroni,
     paired_bootstrap_test,
@@ -38,7 +38,7 @@ def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def session_means(
+def report_session_means(
     report: dict[str, Any], system: str, session_of: dict[str, str], measure: str = "nDCG@10"
 ) -> dict[str, float]:
     """``{session: mean measure over its judged searches}`` of one system of ``report``."""
@@ -60,7 +60,7 @@ def claim_tests(
 ) -> list[dict[str, Any]]:
     """One row per claim ``(a, b)``: sessions, means, ``diff`` (b - a) with a 95% bootstrap
     interval, the randomization p-value and its Holm-adjusted value."""
-    means = {s: session_means(report, s, session_of) for s in {x for c in claims for x in c}}
+    means = {s: report_session_means(report, s, session_of) for s in {x for c in claims for x in c}}
     rows = []
     for a, b in claims:
         common = sorted(set(means[a]) & set(means[b]))

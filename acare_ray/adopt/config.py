@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from acare_ray.data.traces import FORMATS
-from acare_ray.fusion_fit import SafetyRule
+from acare_ray.ranking.fusion_fit import SafetyRule
 from acare_ray.scoring import DEFAULT_MODEL, Mode
 
 BUILTINS = ("musique", "hotpotqa")
@@ -68,7 +68,7 @@ class SourceSpec:
     """One data source. Exactly one of ``traces`` (trajectory files, globs allowed, read as
     ``acare import-traces`` reads them), ``searches`` (a searches Parquet file) or ``builtin``
     (``musique`` / ``hotpotqa`` from the data folder). ``test`` questions and a ``validation``
-    fraction of the rest are split off by question (:mod:`acare_ray.splits`, by ``split_by``
+    fraction of the rest are split off by question (:mod:`acare_ray.eval.splits`, by ``split_by``
     when given); ``weight`` is the source's share of training slots."""
 
     name: str

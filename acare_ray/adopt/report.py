@@ -92,7 +92,7 @@ def _tests_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def markdown(config: AdoptConfig, results: dict[str, Any], decisions: dict[str, Any]) -> str:
+def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dict[str, Any]) -> str:
     data, train, fit, test = (results.get(k) for k in ("data", "train", "fit", "test"))
     overall = decisions["overall"]
     lines = [
@@ -257,7 +257,7 @@ def write_report(config: AdoptConfig, results: dict[str, Any]) -> dict[str, Any]
         d, r = decide(fitted, rows[0])
         decisions["per_agent"][agent] = {"decision": d, "reason": r}
     out = config.seed_dir
-    (out / "report.md").write_text(markdown(config, results, decisions))
+    (out / "report.md").write_text(report_markdown(config, results, decisions))
     png = chart(results, out / "report.png")
     summary = {
         **decisions,

@@ -92,7 +92,7 @@ def _spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def summarize(
+def summarize_seeds(
     work: Path, seeds: Sequence[int], min_mean_gain: float = MIN_MEAN_GAIN
 ) -> dict[str, Any]:
     """The per-seed records, the across-seed statistics and the verdict (see the module
@@ -162,7 +162,7 @@ def _f(value: float | None, digits: int = 3, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def markdown(summary: dict[str, Any]) -> str:
+def seeds_markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# acare adopt across seeds",
         "",
@@ -217,9 +217,9 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def write_summary(work: Path, seeds: Sequence[int]) -> dict[str, Any]:
-    """:func:`summarize`, written to ``<work>/seeds.json`` and ``seeds.md``."""
-    summary = summarize(work, seeds)
+    """:func:`summarize_seeds`, written to ``<work>/seeds.json`` and ``seeds.md``."""
+    summary = summarize_seeds(work, seeds)
     (work / "seeds.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (work / "seeds.md").write_text(markdown(summary))
+    (work / "seeds.md").write_text(seeds_markdown(summary))
     summary["files"] = {"json": str(work / "seeds.json"), "markdown": str(work / "seeds.md")}
     return summary

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from acare_ray.adopt.config import AdoptConfig, SourceSpec
 from acare_ray.data.io import read_parquet, write_parquet
-from acare_ray.splits import question_keys, split_values
+from acare_ray.eval.splits import question_keys, split_values
 
 if TYPE_CHECKING:
     from acare_ray.scoring import ScorerSettings

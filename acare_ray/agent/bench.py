@@ -26,7 +26,7 @@ import numpy as np
 from acare_ray.agent.rerankers import (
     AgentReranker,
     EndpointReranker,
-    FirstStage,
+    FirstStageOrder,
     OracleReranker,
     ScorerReranker,
     fusion_setting,
@@ -41,8 +41,8 @@ from acare_ray.agent.tasks import (
     select_records,
     write_corpus,
 )
-from acare_ray.fusion import FusionConfig, resolve_fusion
-from acare_ray.metrics import holm_bonferroni, paired_randomization_test
+from acare_ray.eval.ir_metrics import holm_bonferroni, paired_randomization_test
+from acare_ray.ranking.fusion import FusionConfig, resolve_fusion
 
 RERANKERS = ("none", "oracle", "model", "endpoint")
 MODES = ("M0", "M1", "M2", "M3", "auto")
@@ -144,7 +144,7 @@ def make_rerankers(config: AgentBenchConfig, tasks: list[Task]) -> list[AgentRer
     """The compared systems, baseline first."""
     systems: list[AgentReranker] = []
     if config.reranker == "none" or config.baseline:
-        systems.append(FirstStage())
+        systems.append(FirstStageOrder())
     if config.reranker == "oracle":
         gold = {(t.task_id, k): g for t in tasks for k, g in enumerate(t.gold_steps)}
         systems.append(OracleReranker(gold))
@@ -199,7 +199,7 @@ def close_all(systems: list[Any]) -> None:
 
 def model_fusions(config: AgentBenchConfig) -> list[FusionConfig]:
     """The in-process fused settings, ``auto`` resolved to the model's fitted one, once each."""
-    from acare_ray.checkpoint_settings import read_fusion
+    from acare_ray.ranking.checkpoint_settings import read_fusion
 
     fitted = read_fusion(config.model) if "auto" in map(str.strip, config.fusion) else None
     out: list[FusionConfig] = []
@@ -230,7 +230,7 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99)}
 
 
-def summarize(results: list[TaskResult], wall_s: float, common: set[str]) -> dict[str, Any]:
+def summarize_system(results: list[TaskResult], wall_s: float, common: set[str]) -> dict[str, Any]:
     """One system's measures; ``common``: the ids of the tasks every compared system solved."""
     n = len(results)
     searches = [r.n_searches for r in results]
@@ -314,7 +314,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def format_table(report: dict[str, Any]) -> str:
+def format_bench_table(report: dict[str, Any]) -> str:
     header = (
         "| system | success | searches/task | on common | searches/solved step | session recall"
         " | rerank s/task | tokens/task | p50 ms | p95 ms | p99 ms | searches/s |"
@@ -354,7 +354,7 @@ def format_phases(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(report: dict[str, Any], path: Path) -> None:
+def write_bench_markdown(report: dict[str, Any], path: Path) -> None:
     config = report["config"]
     lines = [
         "# agent-bench",
@@ -383,7 +383,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         "",
         f"Common tasks (solved by every system): {report['common_tasks']}.",
         "",
-        format_table(report),
+        format_bench_table(report),
         "",
         "## Time per search by phase (ms, mean / p50 / p95)",
         "",
@@ -411,7 +411,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-def write_chart(per_system: dict[str, list[TaskResult]], budget_cap: int, path: Path) -> None:
+def write_bench_chart(per_system: dict[str, list[TaskResult]], budget_cap: int, path: Path) -> None:
     """Grouped bars: number of tasks by searches per task, one bar per system; failed tasks in
     their own group at the right."""
     import matplotlib
@@ -516,7 +516,7 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
         "n_tasks": len(tasks),
         "corpus_size": len(corpus),
         "systems": {
-            name: summarize(results, walls[name], common) | summaries_extra.get(name, {})
+            name: summarize_system(results, walls[name], common) | summaries_extra.get(name, {})
             for name, results in per_system.items()
         },
         "common_tasks": len(common),
@@ -527,8 +527,8 @@ def run(config: AgentBenchConfig) -> dict[str, Any]:
         },
         "files": files,
     }
-    write_chart(per_system, config.budget, Path(files["chart"]))
+    write_bench_chart(per_system, config.budget, Path(files["chart"]))
     report["wall_s"] = time.perf_counter() - started
     Path(files["json"]).write_text(json.dumps(report, indent=1), encoding="utf-8")
-    write_markdown(report, Path(files["markdown"]))
+    write_bench_markdown(report, Path(files["markdown"]))
     return report

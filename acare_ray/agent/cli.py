@@ -15,12 +15,12 @@ def agent_bench_command(args: argparse.Namespace) -> int:
     from acare_ray.agent.bench import (
         AgentBenchConfig,
         export_corpus,
+        format_bench_table,
         format_phases,
-        format_table,
         run,
     )
     from acare_ray.agent.tasks import read_task_ids
-    from acare_ray.flags import config_from_flags
+    from acare_ray.cli.flags import config_from_flags
 
     if args.model is not None:
         reranker = "model"
@@ -53,7 +53,7 @@ def agent_bench_command(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:
         print(f"acare {args.command}: error: {err}", file=sys.stderr)
         return 2
-    print(format_table(report))
+    print(format_bench_table(report))
     print(format_phases(report))
     print(f"report: {report['files']['markdown']} ({report['wall_s']:.1f} s)")
     return 0

@@ -4,7 +4,7 @@ A reranker gets one search (:class:`RerankRequest`: the sub-query, the agent's o
 and reasoning, the candidates in first-stage order with their first-stage scores) and returns
 the indices of its best ``top_n`` candidates, best first. Implementations:
 
-- :class:`FirstStage`: BM25 order (the baseline, ``--reranker none``);
+- :class:`FirstStageOrder`: BM25 order (the baseline, ``--reranker none``);
 - :class:`OracleReranker`: the step's supporting paragraph first, then BM25 order (tests, and an
   upper bound);
 - :class:`ScorerReranker`: an in-process :class:`~acare_ray.scoring.scorer.Scorer` in one mode;
@@ -12,7 +12,7 @@ the indices of its best ``top_n`` candidates, best first. Implementations:
   fields ``original_question``, ``reasoning`` and ``mode`` as extra body fields.
 
 Both model rerankers take an optional fusion (a fused system, named ``<mode>+<setting>``): in
-process, :func:`acare_ray.fusion.fuse` of the scorer's log-odds with the request's first-stage
+process, :func:`acare_ray.ranking.fusion.fuse` of the scorer's log-odds with the request's first-stage
 scores; at an endpoint, the request's ``first_stage_scores`` and ``fusion`` go in the body and
 the server fuses (docs/online.md).
 """
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from acare_ray.fusion import FusionConfig, fuse
+from acare_ray.ranking.fusion import FusionConfig, fuse
 from acare_ray.scoring import AgentContext, Scorer
 
 
@@ -77,7 +77,7 @@ def check_order(order: Sequence[int], n_documents: int, top_n: int, who: str) ->
     return out
 
 
-class FirstStage:
+class FirstStageOrder:
     """No reranking: the first-stage (BM25) order."""
 
     name = "bm25"
@@ -166,7 +166,7 @@ class EndpointError(RuntimeError):
 
 class EndpointReranker:
     """``POST {url}/v2/rerank`` (Cohere v2 body + ``original_question``, ``reasoning``, ``mode``)
-    through :class:`acare_ray.client.AcareClient`.
+    through :class:`acare_ray.clients.http_client.AcareClient`.
 
     With ``fusion`` (a setting's text form, or ``auto`` for the server's fitted one) the body
     also carries the request's ``first_stage_scores`` (or ``first_stage_order: true`` when it
@@ -192,7 +192,7 @@ class EndpointReranker:
         retry_budget_s: float = 600.0,
         fusion: str | None = None,
     ) -> None:
-        from acare_ray.client import AcareClient
+        from acare_ray.clients.http_client import AcareClient
 
         self.client = AcareClient(
             url, api_key, timeout_s=timeout_s, retries=retries, retry_budget_s=retry_budget_s
@@ -213,7 +213,7 @@ class EndpointReranker:
         return self.client.server_errors
 
     def body(self, request: RerankRequest, top_n: int) -> dict[str, Any]:
-        from acare_ray.client import rerank_body
+        from acare_ray.clients.http_client import rerank_body
 
         return rerank_body(
             request.query,
@@ -239,7 +239,7 @@ class EndpointReranker:
     def rerank_counted(self, request: RerankRequest, top_n: int) -> tuple[list[int], int]:
         """The ranking and the tokens the endpoint reports (``meta.tokens.input_tokens``; 0 when
         it reports none)."""
-        from acare_ray.client import AcareError, parse_rerank
+        from acare_ray.clients.http_client import AcareError, parse_rerank
 
         if not request.documents:
             return [], 0

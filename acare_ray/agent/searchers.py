@@ -12,7 +12,7 @@ candidates (the first stage's top ``first_stage_k``), the same order among the u
 by first-stage rank on both sides). A fused system can differ: the server fuses over every
 candidate, seen ones included, the client over the unseen ones only.
 
-- :class:`SearchEndpoint`: ``POST {url}/v1/search`` through :class:`acare_ray.client.AcareClient`
+- :class:`SearchEndpoint`: ``POST {url}/v1/search`` through :class:`acare_ray.clients.http_client.AcareClient`
   with ``mode``, ``fusion`` (``none`` for an unfused system, so a checkpoint's fitted setting
   does not apply), ``first_stage_k`` and ``top_k``; the session is forgotten
   (``DELETE /v1/sessions/{id}``) when its task ends.
@@ -38,7 +38,7 @@ from acare_ray.agent.rerankers import EndpointError, fusion_setting
 @dataclass(frozen=True)
 class ServerSearch:
     """One agent search as it goes to the server (the fields of a ``/v1/search`` body that the
-    agent sets; not :class:`acare_ray.session_replay.SessionSearch`, a replayed search's labels)."""
+    agent sets; not :class:`acare_ray.eval.session_replay.SessionSearch`, a replayed search's labels)."""
 
     session_id: str
     query: str
@@ -130,7 +130,7 @@ class SearchEndpoint:
         retries: int = 5,
         retry_budget_s: float = 600.0,
     ) -> None:
-        from acare_ray.client import AcareClient
+        from acare_ray.clients.http_client import AcareClient
 
         self.client = AcareClient(
             url, api_key, timeout_s=timeout_s, retries=retries, retry_budget_s=retry_budget_s
@@ -149,12 +149,12 @@ class SearchEndpoint:
         return f"agent-bench-{self.run_id}-{task_id}"
 
     def body(self, request: ServerSearch) -> dict[str, Any]:
-        from acare_ray.client import search_body
+        from acare_ray.clients.http_client import search_body
 
         return search_body(**asdict(request), mode=self.mode, fusion=self.fusion or "none")
 
     def search(self, request: ServerSearch) -> SessionHits:
-        from acare_ray.client import AcareError
+        from acare_ray.clients.http_client import AcareError
 
         try:
             answer = self.client.request("POST", "/v1/search", self.body(request))
@@ -164,7 +164,7 @@ class SearchEndpoint:
         return SessionHits.parse(answer["results"], usage.get("input_tokens"), usage)
 
     def end_session(self, session_id: str) -> None:
-        from acare_ray.client import AcareError
+        from acare_ray.clients.http_client import AcareError
 
         try:
             self.client.forget(session_id)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from acare_ray.schema import TRAINING_GROUPS, Candidate, Search, parse_search
+from acare_ray.data.schema import TRAINING_GROUPS, Candidate, Search, parse_search
 
 log = logging.getLogger(__name__)
 STATS_KEY = b"acare.group_stats"

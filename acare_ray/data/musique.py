@@ -29,7 +29,7 @@ import pyarrow as pa
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.data.io import data_dir as default_data_dir
 from acare_ray.data.io import write_parquet
-from acare_ray.schema import SEARCHES
+from acare_ray.data.schema import SEARCHES
 
 log = logging.getLogger(__name__)
 

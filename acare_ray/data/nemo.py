@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from acare_ray.data.io import read_jsonl, write_jsonl
-from acare_ray.schema import TRAINING_GROUPS, parse_group
+from acare_ray.data.schema import TRAINING_GROUPS, parse_group
 
 
 def content_id(text: str) -> str:

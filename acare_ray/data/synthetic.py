@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from acare_ray.data import synthetic_text as T
 from acare_ray.data.groups import searches_to_groups
-from acare_ray.schema import SEARCHES
+from acare_ray.data.schema import SEARCHES
 
 SYNTHETIC_SEARCHES = SEARCHES.append(pa.field("step", pa.int32())).append(
     pa.field("reasoning_source", pa.string())

@@ -38,8 +38,8 @@ text``; ``doc_id`` is a hash of that text.
 
 Two first stages are recorded: BM25 is the first stage of the fusion and the ``first_stage``
 system of ``acare eval`` (its order is ``first_stage_score`` descending, agent passages outside
-the BM25 top-``k`` last, :func:`acare_ray.fusion.first_stage_ranks`); the agent's own order is
-``agent_rank`` (kept by :func:`acare_ray.schema.parse_search`), the ``agent_order`` system.
+the BM25 top-``k`` last, :func:`acare_ray.ranking.fusion.first_stage_ranks`); the agent's own order is
+``agent_rank`` (kept by :func:`acare_ray.data.schema.parse_search`), the ``agent_order`` system.
 
 Labels are **task-level, page-level**: a candidate is relevant (1) when its normalised page
 title (:func:`page_key`) is one of the question's gold supporting titles, whatever sub-query the
@@ -65,7 +65,7 @@ import pyarrow as pa
 
 from acare_ray.data.bm25 import BM25Index
 from acare_ray.data.io import jsonl_lines
-from acare_ray.schema import CANDIDATE, SEARCHES
+from acare_ray.data.schema import CANDIDATE, SEARCHES
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def page_key(title: str) -> str:
     return " ".join(plain.split())
 
 
-def document_text(title: str, text: str) -> str:
+def _page_text(title: str, text: str) -> str:
     return f"{title}\n{text}"
 
 
@@ -458,7 +458,7 @@ class _PassagePool:
     def of(cls, passages: Iterable[tuple[str, str]]) -> _PassagePool:
         docs: dict[str, tuple[str, str]] = {}
         for title, text in passages:
-            doc = document_text(title, text)
+            doc = _page_text(title, text)
             docs.setdefault(doc_id_of(doc), (title, doc))
         by_page: dict[str, list[str]] = {}
         for doc_id, (title, _) in docs.items():
@@ -473,7 +473,7 @@ def _candidates(
     hits it did not return; ``relevance`` from the gold pages (None without gold)."""
     candidates: dict[str, dict[str, Any]] = {}
     for rank, (title, text) in enumerate(step.documents, start=1):
-        doc = document_text(title, text)
+        doc = _page_text(title, text)
         doc_id = doc_id_of(doc)
         if doc_id in candidates:
             continue

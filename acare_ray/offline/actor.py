@@ -14,9 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from acare_ray.fusion import FusionConfig
+from acare_ray.data.schema import RERANK_OUTPUT
 from acare_ray.offline.score import RELABEL_OUTPUT, relabel_rows, rerank_rows, table_rows
-from acare_ray.schema import RERANK_OUTPUT
+from acare_ray.ranking.fusion import FusionConfig
 from acare_ray.scoring import Scorer, ScorerSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
-from acare_ray.fusion_fit import SafetyRule
 from acare_ray.offline.evaluate import TESTS, EvalConfig
 from acare_ray.offline.fit_fusion import RULES, FitFusionConfig
 from acare_ray.offline.job import ActorPool
@@ -18,6 +17,7 @@ from acare_ray.offline.lock import OutputLocked
 from acare_ray.offline.relabel import RelabelConfig
 from acare_ray.offline.rerank import RerankConfig
 from acare_ray.offline.resume import StorageError
+from acare_ray.ranking.fusion_fit import SafetyRule
 from acare_ray.scoring import ScorerSettings
 
 C = TypeVar("C")

@@ -2,7 +2,7 @@
 
 One Ray Data job scores every search in every mode (``ScorerActor`` with several modes, into
 ``<report_dir>/rerank``, resumable); the driver then streams the labels and the rankings back,
-computes the measures with :func:`acare_ray.metrics.evaluate` (trec_eval semantics), a
+computes the measures with :func:`acare_ray.eval.ir_metrics.evaluate` (trec_eval semantics), a
 bootstrap CI per mode and measure, and paired tests between every two modes with Holm
 correction per measure. It writes ``report.json``, ``report.md``, ``metrics.png``, one TREC run
 per mode (``runs/<mode>.trec``) and ``qrels.trec``; :func:`format_table` prints the result.
@@ -15,11 +15,11 @@ reported as ``no_relevant_candidate``.
 
 **Systems.** Beside the modes the report has, on the same searches, measures and tests (session
 replay and session-paired tests included): the fused systems ``<mode>+<fusion>`` (each mode's
-scores of the one rerank pass fused with the first stage, :mod:`acare_ray.fusion`; no
+scores of the one rerank pass fused with the first stage, :mod:`acare_ray.ranking.fusion`; no
 rescoring), ``first_stage`` (the candidates' first-stage order: ``first_stage_rank``, then
 ``first_stage_score``, then list order) and ``agent_order`` where candidates carry
 ``agent_rank`` (agent passages in that order, then the rest in first-stage order). Every system
-is ordered by the one tie rule of :func:`acare_ray.fusion.order` and evaluated from its order
+is ordered by the one tie rule of :func:`acare_ray.ranking.fusion.order` and evaluated from its order
 (run files carry ``-rank`` as the score, so trec_eval's doc-id tie-break never acts).
 """
 
@@ -36,9 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from acare_ray.checkpoint_settings import read_fusion
-from acare_ray.fusion import FusionConfig, first_stage_ranks, fuse, ranked_run, resolve_fusion
-from acare_ray.metrics import (
+from acare_ray.eval.ir_metrics import (
     DEFAULT_MEASURES,
     bootstrap_ci,
     evaluate,
@@ -56,6 +54,14 @@ from acare_ray.offline.session_eval import (
     load_sessions,
     paired_comparisons,
     session_section,
+)
+from acare_ray.ranking.checkpoint_settings import read_fusion
+from acare_ray.ranking.fusion import (
+    FusionConfig,
+    first_stage_ranks,
+    fuse,
+    ranked_run,
+    resolve_fusion,
 )
 from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
@@ -155,9 +161,9 @@ def load_qrels(path: str) -> dict[str, dict[str, int]]:
 
 
 def load_questions(path: str) -> dict[str, str]:
-    """``{search_id: question key}`` (:func:`acare_ray.splits.question_keys`), reading only the
+    """``{search_id: question key}`` (:func:`acare_ray.eval.splits.question_keys`), reading only the
     key columns of the input."""
-    from acare_ray.splits import KEY_COLUMNS, question_keys
+    from acare_ray.eval.splits import KEY_COLUMNS, question_keys
 
     fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
@@ -166,16 +172,16 @@ def load_questions(path: str) -> dict[str, str]:
     return dict(zip(texts(table.column("search_id")), question_keys(table), strict=True))
 
 
-FirstStage = dict[str, tuple[list[str], list, list, list]]
+FirstStageLists = dict[str, tuple[list[str], list, list, list]]
 
 
-def load_first_stage(path: str) -> FirstStage:
+def load_first_stage(path: str) -> FirstStageLists:
     """``{search_id: (doc_ids, first_stage_scores, first_stage_ranks, agent_ranks)}`` in
     candidate order (None where a candidate lacks the value), streamed from the input."""
     fs, inner, _ = storage_paths(path)
     dataset = pads.dataset(inner, filesystem=fs, format="parquet")
     fields = {f.name for f in dataset.schema.field("candidates").type.value_type}
-    out: FirstStage = {}
+    out: FirstStageLists = {}
     for batch in dataset.to_batches(columns=["search_id", "candidates"]):
         candidates = batch.column("candidates")
         flat = pc.list_flatten(candidates)
@@ -196,7 +202,7 @@ def load_first_stage(path: str) -> FirstStage:
     return out
 
 
-def first_stage_runs(first: FirstStage) -> dict[str, dict[str, dict[str, float]]]:
+def first_stage_runs(first: FirstStageLists) -> dict[str, dict[str, dict[str, float]]]:
     """The ``first_stage`` run of every search, and the ``agent_order`` run when any
     candidate has an ``agent_rank``."""
     runs: dict[str, dict[str, dict[str, float]]] = {"first_stage": {}}
@@ -219,11 +225,11 @@ def first_stage_runs(first: FirstStage) -> dict[str, dict[str, dict[str, float]]
 
 def ordered_runs(
     scores: dict[str, dict[str, dict[str, float]]],
-    first: FirstStage,
+    first: FirstStageLists,
     fusions: tuple[FusionConfig, ...] = (),
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Each mode's run ordered by the tie rule, and ``<mode>+<fusion>`` for every fusion:
-    ``-rank`` runs (:func:`acare_ray.fusion.ranked_run`) from the one set of raw scores."""
+    ``-rank`` runs (:func:`acare_ray.ranking.fusion.ranked_run`) from the one set of raw scores."""
     runs: dict[str, dict[str, dict[str, float]]] = {}
     for mode, by_search in scores.items():
         systems = [(mode, FusionConfig())] + [(f"{mode}+{f.label}", f) for f in fusions]

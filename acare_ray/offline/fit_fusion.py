@@ -2,10 +2,10 @@
 
 One Ray Data scoring pass over the labelled training searches in one mode (resumable, into
 ``<work_dir>/rerank``), then a grid over the fusion weight (``rrf``: ``weight`` at ``k``;
-``linear``: ``alpha``; 0.0, 0.1, ..., 1.0, :func:`acare_ray.fusion.grid`) scored by nDCG@10
+``linear``: ``alpha``; 0.0, 0.1, ..., 1.0, :func:`acare_ray.ranking.fusion.grid`) scored by nDCG@10
 (the ``measure``) over the searches with a relevant candidate.
 
-``rule="safe"`` (the default, :mod:`acare_ray.fusion_fit`): the setting is chosen with a prior
+``rule="safe"`` (the default, :mod:`acare_ray.ranking.fusion_fit`): the setting is chosen with a prior
 towards the first stage (smallest reranker weight within one standard error of the best gain),
 cross-validated over question-grouped folds, and stored only when the cross-validated gain over
 the first stage has a lower bound >= 0; otherwise the checkpoint stores the first-stage order
@@ -18,7 +18,7 @@ The stored ``fusion`` entry of the checkpoint's ``acare.json`` says how it was f
 point with its gain over the first stage.
 
 The same pass fits the mode's relevance calibration (Platt scaling of the raw scores on the
-judged candidates, :mod:`acare_ray.calibration`), stored under ``calibration.<mode>`` with the
+judged candidates, :mod:`acare_ray.ranking.calibration`), stored under ``calibration.<mode>`` with the
 expected calibration error of sigmoid and of the calibration on held-out question folds; the
 Serve app's 0..1 relevance uses it for that mode.
 """
@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from acare_ray.calibration import Calibration, fit_platt, held_out_ece
-from acare_ray.checkpoint_settings import write_calibration, write_fusion
-from acare_ray.fusion import DEFAULT_RRF_K, fit, grid
-from acare_ray.fusion_fit import SafetyRule, fit_safely
-from acare_ray.metrics import parse_measure
+from acare_ray.eval.ir_metrics import parse_measure
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.evaluate import load_first_stage, load_qrels, load_questions, load_runs
 from acare_ray.offline.job import ActorPool, Job, actor_scorer, ray_session, run_job
+from acare_ray.ranking.calibration import Calibration, fit_platt, held_out_ece
+from acare_ray.ranking.checkpoint_settings import write_calibration, write_fusion
+from acare_ray.ranking.fusion import DEFAULT_RRF_K, fit, grid
+from acare_ray.ranking.fusion_fit import SafetyRule, fit_safely
 from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
 RULES = ("safe", "best")
@@ -85,7 +85,7 @@ def fit_calibration(
     searches: dict[str, tuple], qrels: dict, question_of: dict[str, str], config: FitFusionConfig
 ) -> dict[str, Any]:
     """Platt scaling of the mode's raw scores on the judged candidates
-    (:mod:`acare_ray.calibration`), with the expected calibration error of sigmoid and of the
+    (:mod:`acare_ray.ranking.calibration`), with the expected calibration error of sigmoid and of the
     calibration on held-out question folds; ``{"skipped": reason}`` when it cannot be fitted."""
     scores, labels, questions = [], [], []
     for qid, (doc_ids, values, _, _) in searches.items():

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from acare_ray.data.schema import SEARCHES
 from acare_ray.offline.lock import OutputLock
 from acare_ray.offline.resume import (
     OutputState,
@@ -31,7 +32,6 @@ from acare_ray.offline.resume import (
     tally,
     unwritten_rows,
 )
-from acare_ray.schema import SEARCHES
 from acare_ray.scoring import ScorerSettings
 
 log = logging.getLogger(__name__)

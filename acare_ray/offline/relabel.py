@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from acare_ray.data.groups import ok_groups
+from acare_ray.data.schema import TRAINING_GROUPS
 from acare_ray.offline.actor import RelabelActor
 from acare_ray.offline.job import ActorPool, Job, JobCounts, actor_scorer, ray_session, run_job
 from acare_ray.offline.resume import storage_paths
 from acare_ray.offline.score import LABELER_INSTRUCTION, NEGATIVES_FROM
-from acare_ray.schema import TRAINING_GROUPS
 from acare_ray.scoring import ScorerSettings
 
 

@@ -3,7 +3,7 @@
 ``read_parquet -> skip searches already written -> map_batches(ScorerActor) ->
 write_parquet``; one ``RERANK_OUTPUT`` row per input row (bad rows carry their ``error``),
 resumable (see :mod:`acare_ray.offline.resume`). With fusion on, each row's ranking follows the
-fused value (:mod:`acare_ray.fusion`); the fusion setting is part of the resume manifest, so a
+fused value (:mod:`acare_ray.ranking.fusion`); the fusion setting is part of the resume manifest, so a
 resumed job never mixes fused and unfused rows.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acare_ray.checkpoint_settings import read_fusion
-from acare_ray.fusion import FusionConfig, resolve_fusion
 from acare_ray.offline.actor import ScorerActor
 from acare_ray.offline.job import ActorPool, Job, JobCounts, actor_scorer, ray_session, run_job
+from acare_ray.ranking.checkpoint_settings import read_fusion
+from acare_ray.ranking.fusion import FusionConfig, resolve_fusion
 from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
 

@@ -15,8 +15,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from acare_ray.fusion import FusionConfig
-from acare_ray.schema import TRAINING_GROUPS, RowError, Search, error_row, parse_search, rerank_row
+from acare_ray.data.schema import (
+    TRAINING_GROUPS,
+    RowError,
+    Search,
+    error_row,
+    parse_search,
+    rerank_row,
+)
+from acare_ray.ranking.fusion import FusionConfig
 from acare_ray.scoring import (
     AgentContext,
     Mode,
@@ -136,7 +143,7 @@ def rerank_mode(
 
     ``mode`` ``"auto"`` records each row's resolved mode; an error row of a row that could not
     be parsed records the mode as requested. ``fusion`` fuses each row's scores with its
-    candidates' ``first_stage_score`` / ``first_stage_rank`` (:func:`acare_ray.fusion.fuse`).
+    candidates' ``first_stage_score`` / ``first_stage_rank`` (:func:`acare_ray.ranking.fusion.fuse`).
     """
     requested = parse_mode(mode)
     name = requested.value if isinstance(requested, Mode) else requested

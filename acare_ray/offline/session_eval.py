@@ -9,7 +9,7 @@ A session counts when it has a gold page and every one of its searches was score
 mode (so all modes replay the same searches); the others are counted, not silently dropped.
 Tests are paired by session: per-session values of each mode against each other mode, Holm
 per measure; per-search measures enter as the mean over the session's searches
-(:func:`acare_ray.session_replay.session_means`).
+(:func:`acare_ray.eval.session_replay.session_means`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from acare_ray.metrics import (
+from acare_ray.eval.ir_metrics import (
     bootstrap_ci,
     holm_bonferroni,
     paired_bootstrap_test,
     paired_randomization_test,
 )
+from acare_ray.eval.session_replay import SessionSearch, replay_session, session_means
 from acare_ray.offline.resume import storage_paths
-from acare_ray.session_replay import SessionSearch, replay_session, session_means
 
 
 @dataclass

@@ -41,7 +41,7 @@ from pydantic_core import PydanticCustomError
 from scipy.special import expit
 
 from acare_ray.online.fusion_fields import FirstStageFields, FusedScores
-from acare_ray.online.service import ScoringJob, Search
+from acare_ray.online.service import RerankInput, ScoringJob
 from acare_ray.scoring import rank_order
 
 COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC = 4096
@@ -99,10 +99,10 @@ class AgentFields(BaseModel):
         "absent: the mode's default.",
     )
 
-    def agent_search(self, query: str, documents: Sequence[str], **options: Any) -> Search:
-        """A :class:`Search` of ``query`` over ``documents`` with these fields (``options``:
-        the other :class:`Search` settings of the endpoint's shape)."""
-        return Search(
+    def agent_search(self, query: str, documents: Sequence[str], **options: Any) -> RerankInput:
+        """A :class:`RerankInput` of ``query`` over ``documents`` with these fields (``options``:
+        the other :class:`RerankInput` settings of the endpoint's shape)."""
+        return RerankInput(
             query=query,
             documents=documents,
             original_question=self.original_question,
@@ -178,7 +178,7 @@ class CohereRerankRequest(AgentFields, FirstStageFields):
                 out.append(doc.text)
         return out
 
-    def search(self, default_max_tokens_per_doc: int | None = None) -> Search:
+    def search(self, default_max_tokens_per_doc: int | None = None) -> RerankInput:
         limit = self.max_tokens_per_doc or default_max_tokens_per_doc
         return self.agent_search(self.query, self.texts(), max_tokens_per_doc=limit)
 
@@ -339,7 +339,7 @@ class TeiRerankRequest(AgentFields, FirstStageFields):
         BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v),
     ] = Field("right", description="right keeps the start of a text, left keeps its end.")
 
-    def search(self) -> Search:
+    def search(self) -> RerankInput:
         return self.agent_search(
             self.query,
             self.texts,

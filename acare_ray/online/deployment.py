@@ -57,6 +57,7 @@ from acare_ray.online.app_args import (
 )
 from acare_ray.online.autoscaling import REFUSED, WAIT_SHARE_METRIC
 from acare_ray.online.batch_queue import BatchStats, Pending, batch_slots
+from acare_ray.online.errors import ClientError
 from acare_ray.online.http import Scored, create_api
 from acare_ray.online.metrics import BatchRecord, ServeMetrics
 from acare_ray.online.models import (
@@ -65,7 +66,6 @@ from acare_ray.online.models import (
 )
 from acare_ray.online.replica_models import ModelSlot, ReplicaModels
 from acare_ray.online.service import Limits, RerankService, ScoringJob
-from acare_ray.request_errors import ClientError
 from acare_ray.scoring import Cancelled, Scorer
 from acare_ray.scoring.golden import read_golden
 
@@ -83,7 +83,7 @@ class Reranker:
     """One model replica; see the module docstring."""
 
     def __init__(self, args: dict[str, Any], sessions: Any = None) -> None:
-        from acare_ray.checkpoint_settings import read_calibration, read_fusion
+        from acare_ray.ranking.checkpoint_settings import read_calibration, read_fusion
 
         config = AppArgs.model_validate(args)
         self.api_keys = config.api_keys()  # before loading: no key, no replica

@@ -8,7 +8,7 @@ Every rerank shape (Cohere v1/v2 ``documents``, TEI ``texts``) takes three optio
   numbers only: NaN, inf, a string or a wrong length is a 422 naming the field and index.
 - ``first_stage_order``: ``true`` when the documents come in first-stage order (best first).
   With scores as well, the scores decide and list order breaks their ties.
-- ``fusion``: the text form of :class:`~acare_ray.fusion.FusionConfig` (``none``,
+- ``fusion``: the text form of :class:`~acare_ray.ranking.fusion.FusionConfig` (``none``,
   ``rrf:k=60,weight=0.5``, ``linear:alpha=0.3``) or ``auto`` (the default): the setting fitted
   for the served checkpoint (read once when the replica starts), ``none`` if it has none.
 
@@ -16,9 +16,9 @@ A request with neither ``first_stage_scores`` nor ``first_stage_order`` has noth
 with: it is answered exactly as without these fields (and a ``fusion`` other than
 ``auto``/``none`` on it is a 422, since it could not be honoured), except on a checkpoint whose
 fusion fit stored the first-stage order (the safety rule found no sure gain,
-:mod:`acare_ray.fusion_fit`): there the documents' own order is the first stage and the answer
+:mod:`acare_ray.ranking.fusion_fit`): there the documents' own order is the first stage and the answer
 keeps it (``fusion: none`` asks for the reranker's order). A
-request with one of them is fused (:func:`acare_ray.fusion.fuse`, the one tie rule): results
+request with one of them is fused (:func:`acare_ray.ranking.fusion.fuse`, the one tie rule): results
 come in fused order, ``top_n`` cut from it, each carrying ``first_stage_rank`` and, when the
 setting is not ``none``, ``fused_score``; ``relevance_score`` (TEI ``score``) keeps its meaning
 (sigmoid of the document's own log-odds), so it need not decrease down the list. The setting
@@ -40,8 +40,8 @@ from pydantic import (
     model_validator,
 )
 
-from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
-from acare_ray.fusion_fit import is_pass_through
+from acare_ray.ranking.fusion import Fused, FusionConfig, fuse, resolve_fusion
+from acare_ray.ranking.fusion_fit import is_pass_through
 
 FiniteScore = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
@@ -100,7 +100,7 @@ class FirstStageFields(BaseModel):
     def fusion_setting(self, fitted: FusionConfig | None) -> FusionConfig | None:
         """The fusion this request gets (``fitted``: the served checkpoint's), or None when it
         carries no first stage (answered as without these fields). A checkpoint whose safety
-        rule stored the first-stage order (:data:`~acare_ray.fusion_fit.PASS_THROUGH`) answers
+        rule stored the first-stage order (:data:`~acare_ray.ranking.fusion_fit.PASS_THROUGH`) answers
         a request without a first stage in the order its documents came, unless the request
         asks for ``fusion: none`` (the reranker's own order)."""
         if not self.has_first_stage:
@@ -113,7 +113,7 @@ class FirstStageFields(BaseModel):
 
 @dataclass(frozen=True)
 class FusedScores:
-    """A request's fused answer: the setting used and :class:`~acare_ray.fusion.Fused`."""
+    """A request's fused answer: the setting used and :class:`~acare_ray.ranking.fusion.Fused`."""
 
     config: FusionConfig
     fused: Fused

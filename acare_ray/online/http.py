@@ -48,7 +48,6 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from acare_ray.fusion import FusionConfig
 from acare_ray.online.admission import Overloaded
 from acare_ray.online.api import (
     COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC,
@@ -64,6 +63,7 @@ from acare_ray.online.api import (
     cohere_response,
     tei_response,
 )
+from acare_ray.online.errors import ClientError, bounded
 from acare_ray.online.fusion_fields import FirstStageFields, FusedScores, fuse_request
 from acare_ray.online.metrics import MODE_STATE, MODEL_STATE, Recorder, RequestMetrics
 from acare_ray.online.models import (
@@ -75,12 +75,12 @@ from acare_ray.online.models import (
 )
 from acare_ray.online.service import (
     Limits,
+    RerankInput,
     RerankService,
     ScoringJob,
-    Search,
     scoring_refusal,
 )
-from acare_ray.request_errors import ClientError, bounded
+from acare_ray.ranking.fusion import FusionConfig
 
 CREATED = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -346,7 +346,7 @@ class _Scoring:
     metrics: Recorder | None
 
     async def run(
-        self, search: Search, request: Request, response: Response
+        self, search: RerankInput, request: Request, response: Response
     ) -> tuple[ScoringJob, np.ndarray, int, np.ndarray]:
         """Prepare, score and count one search on the default model: (job, log-odds, tokens,
         0..1 relevance by the model's rule, said in ``x-acare-relevance``)."""
@@ -357,7 +357,7 @@ class _Scoring:
         return job, scores, tokens, values
 
     async def run_on(
-        self, name: str, search: Search, request: Request, response: Response
+        self, name: str, search: RerankInput, request: Request, response: Response
     ) -> tuple[Served, ScoringJob, np.ndarray, int]:
         """Prepare, score and count one search on model ``name``; the model stays loaded
         until its tokens are counted (its tokenizer prepared the job)."""
@@ -366,7 +366,7 @@ class _Scoring:
         return served, job, scores, tokens
 
     async def _score_on(
-        self, served: Served, search: Search, request: Request, response: Response
+        self, served: Served, search: RerankInput, request: Request, response: Response
     ) -> tuple[ScoringJob, np.ndarray, int]:
         service = served.service
         if self.router.catalog.strict:  # a catalog of several models names the one that answered

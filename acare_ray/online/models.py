@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from acare_ray.online.errors import ClientError
 from acare_ray.online.service import RerankService, ScoringJob, is_local_path
-from acare_ray.request_errors import ClientError
 
 # Serve's routing header (HTTP proxies may turn its underscores into hyphens).
 MODEL_HEADER = "serve_multiplexed_model_id"

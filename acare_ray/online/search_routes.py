@@ -26,17 +26,23 @@ import numpy as np
 from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from acare_ray.fusion import Fused, FusionConfig, fuse, resolve_fusion
 from acare_ray.online.api import AgentFields
+from acare_ray.online.errors import ClientError
 from acare_ray.online.fusion_fields import FusionSetting
-from acare_ray.online.service import ScoringJob, Search
-from acare_ray.request_errors import ClientError
-from acare_ray.search.first_stage import BM25FirstStage, Candidate, FirstStage, HttpFirstStage
+from acare_ray.online.service import RerankInput, ScoringJob
+from acare_ray.ranking.fusion import Fused, FusionConfig, fuse, resolve_fusion
+from acare_ray.search.first_stage import (
+    BM25FirstStage,
+    FirstStage,
+    FirstStageHit,
+    HttpFirstStage,
+    UpstreamError,
+)
 from acare_ray.search.sessions import SessionLimits
 
 # (job, log-odds, tokens, 0..1 relevance by the served model's rule)
 RunFn = Callable[
-    [Search, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int, np.ndarray]]
+    [RerankInput, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int, np.ndarray]]
 ]
 MAX_SESSION_ID = 256
 MAX_SEEN_IDS = 10_000
@@ -153,7 +159,7 @@ class SearchRequest(AgentFields):
         return value
 
 
-class SearchHit(BaseModel):
+class SearchResultHit(BaseModel):
     doc_id: str
     title: str | None = None
     text: str
@@ -184,7 +190,9 @@ class SearchResponse(BaseModel):
     session_id: str | None = None
     mode: str
     fusion: str = Field(description="The fusion setting used (text form).")
-    results: list[SearchHit] = Field(description="Unseen documents first, each group best first.")
+    results: list[SearchResultHit] = Field(
+        description="Unseen documents first, each group best first."
+    )
     usage: SearchUsage
     warnings: list[str] | None = None
 
@@ -200,10 +208,10 @@ class SessionView(BaseModel):
 
 
 def fuse_with_first_stage(
-    candidates: Sequence[Candidate], scores: np.ndarray, config: FusionConfig
+    candidates: Sequence[FirstStageHit], scores: np.ndarray, config: FusionConfig
 ) -> Fused:
     """The served order of ``candidates`` given the reranker's ``scores`` (log-odds, candidate
-    order): :func:`acare_ray.fusion.fuse` with the first stage's ranks and scores (the one tie
+    order): :func:`acare_ray.ranking.fusion.fuse` with the first stage's ranks and scores (the one tie
     rule; ``none`` is the reranker's order, ties by first-stage rank)."""
     return fuse(
         scores,
@@ -223,17 +231,17 @@ def _ms_since(started: float) -> float:
 
 
 def _hits(
-    candidates: Sequence[Candidate],
+    candidates: Sequence[FirstStageHit],
     scores: np.ndarray,
     probabilities: np.ndarray,
     fused: Fused | None,
     served: Sequence[int],
     seen: set[str],
-) -> list[SearchHit]:
+) -> list[SearchResultHit]:
     """The ``served`` candidates as response hits (``probabilities``: the 0..1 relevance of
     ``scores`` the model's rule gives; ``fused``: None when fusion is none)."""
     return [
-        SearchHit(
+        SearchResultHit(
             doc_id=candidates[i].doc_id,
             title=candidates[i].title,
             text=candidates[i].text,
@@ -248,10 +256,10 @@ def _hits(
     ]
 
 
-def _rerank_request(body: SearchRequest, candidates: Sequence[Candidate]) -> Search:
+def _rerank_request(body: SearchRequest, candidates: Sequence[FirstStageHit]) -> RerankInput:
     """What the reranker scores for a search: its first stage's candidates in the agent's
     context."""
-    return Search(
+    return RerankInput(
         query=body.query,
         documents=[c.rerank_text for c in candidates],
         original_question=body.original_question,
@@ -300,7 +308,10 @@ class SearchRoutes:
         if self.replica:
             response.headers["x-acare-replica"] = self.replica
         started = time.perf_counter()
-        candidates = await asyncio.to_thread(self.first_stage.search, body.query, k)
+        try:
+            candidates = await asyncio.to_thread(self.first_stage.search, body.query, k)
+        except UpstreamError as err:
+            raise ClientError(502, "first_stage", str(err)) from None
         first_ms = _ms_since(started)
         started = time.perf_counter()
         seen = set(body.seen_ids or ())

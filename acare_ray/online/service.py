@@ -1,6 +1,6 @@
 """The online reranker's work, independent of HTTP and of Ray.
 
-Every endpoint shape (Cohere v1/v2, TEI) converts its body to a :class:`Search`;
+Every endpoint shape (Cohere v1/v2, TEI) converts its body to a :class:`RerankInput`;
 :meth:`RerankService.prepare` validates it against the model (fields, mode, limits, document
 truncation, token cost) and returns a :class:`ScoringJob`; :meth:`RerankService.score` scores
 any number of jobs in one :meth:`Scorer.score_many` call (each job's prefix shared by its own
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.special import expit
 
-from acare_ray.request_errors import ClientError
+from acare_ray.online.errors import ClientError
 from acare_ray.scoring import (
     AUTO,
     AgentContext,
@@ -40,7 +40,7 @@ from acare_ray.scoring.golden import GoldenCase, verify
 from acare_ray.scoring.untrusted import Document, TokenizedDocument
 
 if TYPE_CHECKING:
-    from acare_ray.calibration import Calibration
+    from acare_ray.ranking.calibration import Calibration
 
 # The scoring core names a search's inputs as AgentContext does; a request as its endpoint does.
 _REQUEST_FIELD = {
@@ -51,7 +51,7 @@ _REQUEST_FIELD = {
 }
 
 
-def scoring_refusal(search: Search, err: ValueError) -> ClientError:
+def scoring_refusal(search: RerankInput, err: ValueError) -> ClientError:
     """The 422 for a :class:`ValueError` the scorer raised on ``search``'s job, naming the
     request field at fault the way the client sent it (``texts[1]`` on TEI where the core says
     ``documents[1]``, ``query`` where it says ``sub_query``), read from the core's
@@ -84,7 +84,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Search:
+class RerankInput:
     """One rerank request in transport-neutral form.
 
     ``truncate``: ``None`` follows the server's ``auto_truncate``; ``False`` refuses documents
@@ -164,7 +164,7 @@ class RerankService:
         self.scorer = scorer
         self.model_name = model_name
         self.limits = limits or Limits()
-        # Per mode, the checkpoint's relevance calibration (acare_ray.calibration); a mode
+        # Per mode, the checkpoint's relevance calibration (acare_ray.ranking.calibration); a mode
         # without one answers sigmoid(log-odds).
         self.calibration = dict(calibration or {})
         # The checkpoint's golden cases (acare_ray.scoring.golden): checked now, so a model that
@@ -181,7 +181,7 @@ class RerankService:
             mode: self.layout.context_tokens(probe.for_mode(mode), mode) for mode in Mode
         }
 
-    def token_bound(self, search: Search, mode: Mode) -> int:
+    def token_bound(self, search: RerankInput, mode: Mode) -> int:
         """An upper bound of the tokens ``search`` costs, from byte lengths alone.
 
         A token covers at least one UTF-8 byte (byte-level BPE) or one character (WordPiece),
@@ -207,7 +207,7 @@ class RerankService:
             return 0
         return min(self.layout.cost(context, documents), context + max_length * len(documents))
 
-    def prepare(self, search: Search) -> ScoringJob:
+    def prepare(self, search: RerankInput) -> ScoringJob:
         """Validate ``search`` and fit its documents; raises :class:`ClientError`."""
         name = search.documents_field
         if len(search.documents) > self.limits.max_documents:
@@ -283,7 +283,7 @@ class RerankService:
             ),
         )
 
-    def _context(self, search: Search) -> tuple[AgentContext, Mode]:
+    def _context(self, search: RerankInput) -> tuple[AgentContext, Mode]:
         try:
             requested = parse_mode(search.mode)
         except ValueError as err:
@@ -419,7 +419,7 @@ _WORDS = (
 )
 
 
-def _synthetic_search(documents: int, document_bytes: int) -> Search:
+def _synthetic_search(documents: int, document_bytes: int) -> RerankInput:
     """A request shaped like an agent's search (question, reasoning, a short query and
     ``documents`` passages of ``document_bytes`` bytes), its text plain words."""
 
@@ -432,7 +432,7 @@ def _synthetic_search(documents: int, document_bytes: int) -> Search:
             i += 1
         return " ".join(words)[:size]
 
-    return Search(
+    return RerankInput(
         query=text(1, 40),
         documents=[text(10 + i, document_bytes) for i in range(documents)],
         original_question=text(2, 120),

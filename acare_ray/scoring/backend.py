@@ -117,6 +117,9 @@ class Backend(ABC):
     """Whether the prompt has an instruction line a search may replace."""
     default_prompt: ClassVar[PromptConfig]
     """Prompt settings when neither the options nor the checkpoint give them."""
+    has_reference: ClassVar[bool] = False
+    """Whether an official plain Hugging Face recipe exists to check the scores against
+    (:func:`acare_ray.scoring.golden.reference_mismatches`)."""
 
     def __init__(self, prompt: PromptConfig, plan: BatchPlan, device: torch.device) -> None:
         self.prompt = prompt

@@ -225,7 +225,9 @@ def reference_mismatches(
     scorer: Scorer, model_dir: str, revision: str | None = None
 ) -> list[Mismatch]:
     """The synthetic cases scored by ``scorer`` against the official recipe on the official
-    prompt (causal backends only)."""
+    prompt; ValueError for a backend without one (``backend.has_reference`` False)."""
+    if not scorer.backend.has_reference:
+        raise ValueError(f"a {scorer.backend.name} backend has no official recipe to check against")
     from acare_ray.scoring.prompt import render
     from acare_ray.scoring.reference import reference_scores
 

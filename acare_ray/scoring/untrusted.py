@@ -177,7 +177,7 @@ Document = str | TokenizedDocument
 """What the scorer's backends take as a document: its text, or its text with its ids."""
 
 
-def document_text(document: Document) -> str:
+def _plain_text(document: Document) -> str:
     return document.text if isinstance(document, TokenizedDocument) else document
 
 
@@ -192,7 +192,7 @@ def encode_documents(
         for doc, budget in zip(documents, budgets)
     ]
     todo = [i for i, ids in enumerate(carried) if ids is None]
-    texts = [lead + document_text(documents[i]) for i in todo]
+    texts = [lead + _plain_text(documents[i]) for i in todo]
     made = iter(encode_capped(inert, texts, [budgets[i] for i in todo]))
     return [
         ids if ids is not None else next(made)[:budget] for ids, budget in zip(carried, budgets)

@@ -1,7 +1,7 @@
 """First stages for ``/v1/search``: the built-in BM25 index, or an upstream HTTP search API.
 
 A first stage takes the agent's sub-query and ``k`` and returns at most ``k``
-:class:`Candidate` s, best first. Both kinds read the sub-query only: the agent's question and
+:class:`FirstStageHit` s, best first. Both kinds read the sub-query only: the agent's question and
 reasoning go to the reranker.
 
 **Upstream HTTP adapter** (:class:`HttpFirstStage`): ``POST <url>`` with the JSON body
@@ -16,12 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from acare_ray.request_errors import ClientError
 from acare_ray.search.index import document_text, load_index
 
 
+class UpstreamError(RuntimeError):
+    """The upstream search API failed or answered something unusable (the message says which).
+
+    The Serve app answers it as HTTP 502 naming the ``first_stage`` field."""
+
+
 @dataclass(frozen=True)
-class Candidate:
+class FirstStageHit:
     """One first-stage hit; ``rank`` is 1-based in the first stage's order."""
 
     doc_id: str
@@ -38,7 +43,7 @@ class Candidate:
 class FirstStage(Protocol):
     name: str
 
-    def search(self, query: str, k: int) -> list[Candidate]: ...
+    def search(self, query: str, k: int) -> list[FirstStageHit]: ...
 
 
 class BM25FirstStage:
@@ -49,13 +54,13 @@ class BM25FirstStage:
     def __init__(self, folder: str) -> None:
         self.index = load_index(folder)
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int) -> list[FirstStageHit]:
         positions, scores = self.index.bm25.search([query], k)
         out = []
         for rank, (i, score) in enumerate(zip(positions[0], scores[0]), start=1):
             i = int(i)
             out.append(
-                Candidate(
+                FirstStageHit(
                     self.index.doc_ids[i],
                     self.index.texts[i],
                     self.index.titles[i],
@@ -81,15 +86,13 @@ class HttpFirstStage:
         self.http = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
         self._httpx = httpx
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int) -> list[FirstStageHit]:
         try:
             response = self.http.post(self.url, json={"query": query, "top_k": k})
         except self._httpx.HTTPError as err:
-            raise ClientError(502, "first_stage", f"upstream search failed: {err}") from None
+            raise UpstreamError(f"upstream search failed: {err}") from None
         if response.status_code != 200:
-            raise ClientError(
-                502, "first_stage", f"upstream search answered HTTP {response.status_code}"
-            )
+            raise UpstreamError(f"upstream search answered HTTP {response.status_code}")
         try:
             results = response.json()["results"]
             out = []
@@ -101,12 +104,10 @@ class HttpFirstStage:
                     raise ValueError(f"results[{rank - 1}].title is not a string")
                 score = hit.get("score")
                 out.append(
-                    Candidate(
+                    FirstStageHit(
                         str(doc_id), text, title, rank, None if score is None else float(score)
                     )
                 )
         except (ValueError, KeyError, TypeError) as err:
-            raise ClientError(
-                502, "first_stage", f"upstream search answer is malformed: {err!r}"
-            ) from None
+            raise UpstreamError(f"upstream search answer is malformed: {err!r}") from None
         return out

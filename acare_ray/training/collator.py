@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from acare_ray.schema import Group, RowError
+from acare_ray.data.schema import Group, RowError
 from acare_ray.scoring import AgentContext, Backend, FieldDropout, Mode
 from acare_ray.scoring.causal.backend import CausalBatch
 from acare_ray.scoring.cross_encoder import PairBatch

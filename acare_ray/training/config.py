@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from acare_ray.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
 from acare_ray.scoring import DEFAULT_MODEL, Mode, ScorerSettings
+from acare_ray.training.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
 from acare_ray.training.stopping import check_metric
 
 STRATEGIES = ("ddp", "fsdp")
@@ -53,7 +53,7 @@ class TrainConfig:
     permutations, reshuffled on every pass), so a small source is repeated and a large one
     subsampled; without weights the sources are concatenated and visited uniformly. Validation
     groups come from ``val_data`` or, without it, from a ``val_fraction`` of the questions of each
-    source (the project's one split, :mod:`acare_ray.splits`: by question text, else session, so
+    source (the project's one split, :mod:`acare_ray.eval.splits`: by question text, else session, so
     one question never sits on both sides; the draw is seeded by ``split_seed``, not by the
     training ``seed``, so every training seed validates on the same questions);
     ``val_max_groups`` bounds the validation cost.

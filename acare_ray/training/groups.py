@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from acare_ray.schema import TRAINING_GROUPS, Group, RowError, parse_group
-from acare_ray.splits import split_values
+from acare_ray.data.schema import TRAINING_GROUPS, Group, RowError, parse_group
+from acare_ray.eval.splits import split_values
 
 NEMO_SUFFIXES = (".jsonl", ".json")
 
@@ -79,7 +79,7 @@ def parse_groups(table: pa.Table, group_size: int) -> list[Group]:
 
 
 def question_key(group: Group) -> str:
-    """The question a group belongs to (:mod:`acare_ray.splits`): its question text, else its
+    """The question a group belongs to (:mod:`acare_ray.eval.splits`): its question text, else its
     session (groups carry no ``question_id``)."""
     return group.context.question or group.session_id
 
@@ -88,7 +88,7 @@ def split_by_question(
     groups: Sequence[Group], val_fraction: float, seed: int = 0
 ) -> tuple[list[Group], list[Group]]:
     """(train, validation): a seeded ``val_fraction`` of the questions (the project's one split,
-    :func:`acare_ray.splits.split_values`), so all sessions of a question sit on one side."""
+    :func:`acare_ray.eval.splits.split_values`), so all sessions of a question sit on one side."""
     if val_fraction == 0:
         return list(groups), []
     questions = {question_key(g) for g in groups}

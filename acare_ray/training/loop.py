@@ -3,7 +3,7 @@
 The model trained is the module that serves: :class:`~acare_ray.scoring.causal.fast.PrefixSharedYesNo` for
 causal LMs (several groups per forward, each prefix run once) or :class:`PairScorer` around the
 cross-encoder's ``forward_ids``. Scores are the raw log-odds of the scoring contract; the loss is
-:func:`acare_ray.loss.lce_loss` (temperature only there). On CUDA the forward runs under bf16
+:func:`acare_ray.training.loss.lce_loss` (temperature only there). On CUDA the forward runs under bf16
 autocast over float32 weights; on CPU everything is float32 unless ``cpu_bf16`` asks for bf16
 autocast there too.
 """
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from acare_ray.loss import lce_loss
 from acare_ray.scoring import Scorer
 from acare_ray.training.collator import Batch
+from acare_ray.training.loss import lce_loss
 
 
 def trainable_module(scorer: Scorer, chunk_tokens: int | None = None) -> nn.Module:

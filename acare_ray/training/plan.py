@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from acare_ray.schema import Group
+from acare_ray.data.schema import Group
 from acare_ray.training.config import TrainConfig
 from acare_ray.training.groups import epoch_order, parse_groups, read_groups, split_by_question
 

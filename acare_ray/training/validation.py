@@ -8,7 +8,7 @@ M1 a reasoning, M3 both), with the dropout-free context, through the error polic
 of memory alone) is left out of that mode's figures, counted in ``val/errors/<mode>`` and logged,
 and the others are scored as if it had not been there. Under several workers each scores a share of the groups and the runs are gathered, so
 every rank returns the same figures. The loss (``val/loss/<mode>``) is the training objective
-on those same scores (:func:`acare_ray.loss.lce_loss` at the run's temperature), so it is
+on those same scores (:func:`acare_ray.training.loss.lce_loss` at the run's temperature), so it is
 comparable to the logged training loss except that training drops context fields.
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from acare_ray.loss import DEFAULT_TEMPERATURE, lce_loss
-from acare_ray.metrics import evaluate
-from acare_ray.schema import Group
+from acare_ray.data.schema import Group
+from acare_ray.eval.ir_metrics import evaluate
 from acare_ray.scoring import Mode, Scorer, score_isolated
+from acare_ray.training.loss import DEFAULT_TEMPERATURE, lce_loss
 
 log = logging.getLogger(__name__)
 

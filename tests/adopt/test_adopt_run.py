@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from acare_ray.checkpoint_settings import read_fusion
 from acare_ray.cli import main
 from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import synthetic_searches
-from acare_ray.fusion import FusionConfig
+from acare_ray.ranking.checkpoint_settings import read_fusion
+from acare_ray.ranking.fusion import FusionConfig
 from acare_ray.training import trainer
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from acare_ray.adopt.claims import claim_tests
-from acare_ray.metrics import holm_bonferroni, paired_randomization_test
+from acare_ray.eval.ir_metrics import holm_bonferroni, paired_randomization_test
 
 
 def _write_trec(path: Path, run: dict[str, list[str]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from adopt_support import write_seed
 
-from acare_ray.adopt.seeds import summarize, write_summary
+from acare_ray.adopt.seeds import summarize_seeds, write_summary
 from acare_ray.cli import main
 
 
@@ -13,7 +13,7 @@ def test_three_good_seeds_hold_with_mean_spread_and_worst(tmp_path):
     write_seed(tmp_path, 0, 0.045, (0.024, 0.069), 0.0005)
     write_seed(tmp_path, 1, 0.010, (-0.01, 0.03), 0.3)
     write_seed(tmp_path, 2, 0.020, (0.001, 0.04), 0.04)
-    summary = summarize(tmp_path, [0, 1, 2])
+    summary = summarize_seeds(tmp_path, [0, 1, 2])
     gain = summary["across"]["gain"]
     assert gain["mean"] == pytest.approx(0.025) and gain["spread"] == pytest.approx(0.035)
     assert gain["worst"] == pytest.approx(0.010) and summary["worst_seed"] == 1
@@ -32,14 +32,14 @@ def test_three_good_seeds_hold_with_mean_spread_and_worst(tmp_path):
 def test_a_claim_that_fails_in_one_seed_does_not_hold(tmp_path, seeds, failed):
     for seed, (gain, ci, p) in enumerate(seeds):
         write_seed(tmp_path, seed, gain, ci, p)
-    summary = summarize(tmp_path, range(len(seeds)))
+    summary = summarize_seeds(tmp_path, range(len(seeds)))
     assert summary["verdict"]["holds"] is False
     assert failed in summary["verdict"]["reason"]
 
 
 def test_fused_m0_above_fused_m3_and_fewer_solved_tasks_fail(tmp_path):
     write_seed(tmp_path, 0, 0.03, (0.01, 0.05), 0.01, m0=0.86, solved=90)
-    summary = summarize(tmp_path, [0])
+    summary = summarize_seeds(tmp_path, [0])
     assert not summary["checks"]["mean fused M3 above mean fused M0"]
     loop_check = "agent loop: solves as many tasks as BM25 with no more searches"
     assert not summary["checks"][loop_check]

@@ -9,7 +9,7 @@ import pytest
 from acare_ray.agent.bench import AgentBenchConfig
 from acare_ray.agent.rerankers import (
     EndpointReranker,
-    FirstStage,
+    FirstStageOrder,
     OracleReranker,
     RerankRequest,
     ScorerReranker,
@@ -65,7 +65,7 @@ def test_oracle_solves_every_task_in_one_search_per_step(bench):
 def test_bm25_needs_at_least_as_many_searches_as_the_oracle(bench):
     tasks, corpus = bench
     oracle, _ = run_sessions(tasks, corpus, oracle_for(tasks))
-    bm25, _ = run_sessions(tasks, corpus, FirstStage())
+    bm25, _ = run_sessions(tasks, corpus, FirstStageOrder())
     for a, b in zip(oracle, bm25):
         assert b.n_searches >= a.n_searches
         assert b.steps_solved <= a.steps_solved
@@ -81,7 +81,7 @@ def tiny_m3(bench, tiny_scorer):
 def test_no_document_is_returned_twice_in_a_session(bench, tiny_m3):
     tasks, corpus = bench
     sessions = list(tiny_m3)
-    for reranker in (FirstStage(), oracle_for(tasks)):
+    for reranker in (FirstStageOrder(), oracle_for(tasks)):
         # budget 5 and depth 30: failing steps keep searching, so repeats would show
         sessions += [run_task(task, corpus, reranker, budget=5, depth=30) for task in tasks]
     for result in sessions:

@@ -17,7 +17,7 @@ from acare_ray.agent.rerankers import EndpointReranker, ScorerReranker
 from acare_ray.agent.simulate import run_sessions
 from acare_ray.agent.tasks import build_tasks, select_records
 from acare_ray.data.io import data_dir
-from acare_ray.fusion import FusionConfig
+from acare_ray.ranking.fusion import FusionConfig
 from acare_ray.testing import free_port, running, wait_for_health
 
 pytestmark = pytest.mark.slow

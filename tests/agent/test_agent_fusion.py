@@ -10,15 +10,15 @@ import pytest
 from acare_ray.agent.bench import AgentBenchConfig, make_rerankers, model_fusions
 from acare_ray.agent.rerankers import (
     EndpointReranker,
-    FirstStage,
+    FirstStageOrder,
     RerankRequest,
     ScorerReranker,
 )
 from acare_ray.agent.simulate import run_task
 from acare_ray.agent.tasks import build_tasks, select_records
-from acare_ray.checkpoint_settings import write_fusion
 from acare_ray.data.io import data_dir
-from acare_ray.fusion import FusionConfig, fuse
+from acare_ray.ranking.checkpoint_settings import write_fusion
+from acare_ray.ranking.fusion import FusionConfig, fuse
 from acare_ray.scoring import AgentContext
 from acare_ray.testing import json_stub_server
 
@@ -59,7 +59,7 @@ def test_corpus_search_keeps_the_bm25_scores(bench):
         assert corpus.search(task.question, 20) == (positions, scores)  # cached, same answer
 
 
-class Recording(FirstStage):
+class Recording(FirstStageOrder):
     def __init__(self) -> None:
         self.requests: list[RerankRequest] = []
 

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from acare_ray.data.groups import group_stats, searches_to_groups
-from acare_ray.schema import SEARCHES, TRAINING_GROUPS
+from acare_ray.data.schema import SEARCHES, TRAINING_GROUPS
 
 
 def _search(search_id, relevances, scores=None, **extra):

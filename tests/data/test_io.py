@@ -14,8 +14,8 @@ from acare_ray.data.io import (
     write_jsonl,
     write_parquet,
 )
+from acare_ray.data.schema import SEARCHES
 from acare_ray.data.synthetic import synthetic_searches
-from acare_ray.schema import SEARCHES
 
 
 def test_parquet_round_trip_preserves_schema_and_rows(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from acare_ray.data import musique
 from acare_ray.data.groups import group_stats, searches_to_groups
 from acare_ray.data.io import data_dir
-from acare_ray.schema import parse_search
+from acare_ray.data.schema import parse_search
 
 
 @pytest.fixture(scope="module", autouse=True)

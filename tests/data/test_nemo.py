@@ -12,8 +12,8 @@ from acare_ray.data.nemo import (
     records_to_groups,
     write_nemo_jsonl,
 )
+from acare_ray.data.schema import TRAINING_GROUPS
 from acare_ray.data.synthetic import synthetic_groups
-from acare_ray.schema import TRAINING_GROUPS
 
 
 def test_groups_survive_a_jsonl_round_trip_unchanged(tmp_path):

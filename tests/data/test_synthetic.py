@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from acare_ray.data.groups import group_stats
+from acare_ray.data.schema import parse_search
 from acare_ray.data.synthetic import synthetic_groups, synthetic_searches, words
-from acare_ray.schema import parse_search
 
 STOP = {"the", "of", "a", "in", "is", "its", "and", "to", "i", "that", "this", "which", "what"}
 

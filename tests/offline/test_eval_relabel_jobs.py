@@ -12,13 +12,13 @@ from offline_support import read_rows
 
 from acare_ray.cli import main
 from acare_ray.data.io import write_parquet
+from acare_ray.data.schema import parse_group, parse_search
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES, synthetic_searches
-from acare_ray.metrics import evaluate, holm_bonferroni
+from acare_ray.eval.ir_metrics import evaluate, holm_bonferroni
 from acare_ray.offline.job import ActorPool
 from acare_ray.offline.relabel import RelabelConfig, read_relabel_groups
 from acare_ray.offline.relabel import run as relabel
 from acare_ray.offline.score import LABELER_INSTRUCTION, labeler_context
-from acare_ray.schema import parse_group, parse_search
 
 pytestmark = pytest.mark.slow
 MODES = ("M0", "M2", "M3")
@@ -145,9 +145,9 @@ def test_first_stage_system_is_the_input_order_and_fused_systems_reuse_the_score
     """Issue 20: eval's first-stage system is the input's first-stage order (first_stage_score
     descending, ties in input order), and each fused system is the fusion of its mode's written
     scores with it (no rescoring)."""
-    from acare_ray.fusion import FusionConfig, fuse
-    from acare_ray.metrics import rank_docs
+    from acare_ray.eval.ir_metrics import rank_docs
     from acare_ray.offline.evaluate import load_runs
+    from acare_ray.ranking.fusion import FusionConfig, fuse
 
     _, report_dir = evaluation
     report = json.loads((report_dir / "report.json").read_text())

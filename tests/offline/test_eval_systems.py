@@ -6,9 +6,9 @@ import pyarrow as pa
 
 from acare_ray.data.io import write_parquet
 from acare_ray.data.traces import TRACE_SEARCHES
-from acare_ray.fusion import FusionConfig
-from acare_ray.metrics import rank_docs
+from acare_ray.eval.ir_metrics import rank_docs
 from acare_ray.offline.evaluate import first_stage_runs, load_first_stage, ordered_runs
+from acare_ray.ranking.fusion import FusionConfig
 
 
 def _candidate(doc_id, score=None, agent_rank=None):

@@ -7,13 +7,10 @@ import json
 import pyarrow as pa
 import pytest
 
-from acare_ray.checkpoint_settings import read_fusion
 from acare_ray.cli import main
 from acare_ray.data.io import write_parquet
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES, synthetic_searches
-from acare_ray.fusion import FusionConfig
-from acare_ray.fusion_fit import PASS_THROUGH
-from acare_ray.metrics import evaluate
+from acare_ray.eval.ir_metrics import evaluate
 from acare_ray.offline.evaluate import (
     EvalConfig,
     first_stage_runs,
@@ -22,6 +19,9 @@ from acare_ray.offline.evaluate import (
     load_qrels,
 )
 from acare_ray.offline.rerank import RerankConfig
+from acare_ray.ranking.checkpoint_settings import read_fusion
+from acare_ray.ranking.fusion import FusionConfig
+from acare_ray.ranking.fusion_fit import PASS_THROUGH
 
 pytestmark = pytest.mark.slow
 

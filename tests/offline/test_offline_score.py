@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 from offline_support import with_bad_rows
 
+from acare_ray.data.schema import parse_search
 from acare_ray.data.synthetic import synthetic_searches
 from acare_ray.offline.resume import digests, skip_written
 from acare_ray.offline.score import (
@@ -15,7 +16,6 @@ from acare_ray.offline.score import (
     relabel_rows,
     rerank_rows,
 )
-from acare_ray.schema import parse_search
 
 
 @pytest.fixture(scope="module")

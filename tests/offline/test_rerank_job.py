@@ -21,6 +21,7 @@ import ray.cloudpickle
 from offline_support import FlakyFS, invalid_utf8, read_rows
 
 from acare_ray.data.io import write_parquet
+from acare_ray.data.schema import parse_search
 from acare_ray.data.synthetic import SYNTHETIC_SEARCHES
 from acare_ray.offline import resume
 from acare_ray.offline.actor import ScorerActor
@@ -28,7 +29,6 @@ from acare_ray.offline.job import ActorPool, Job, actor_scorer, run_job
 from acare_ray.offline.lock import LOCK_FILE, OutputLock
 from acare_ray.offline.rerank import RerankConfig, run
 from acare_ray.offline.resume import MANIFEST, part_files, storage_paths
-from acare_ray.schema import parse_search
 from acare_ray.scoring import Scorer, ScorerSettings
 
 pytestmark = pytest.mark.slow
@@ -282,8 +282,8 @@ def test_rerank_uses_the_fusion_fitted_for_the_checkpoint_and_never_mixes_on_res
     ray_local, mixed_searches, tiny_qwen3_copy, tmp_path
 ):
     """Issue 20: the fitted setting stored with a checkpoint is what rerank uses by default."""
-    from acare_ray.checkpoint_settings import write_fusion
-    from acare_ray.fusion import FusionConfig, fuse
+    from acare_ray.ranking.checkpoint_settings import write_fusion
+    from acare_ray.ranking.fusion import FusionConfig, fuse
 
     fitted = FusionConfig("rrf", k=60, weight=0.3)
     write_fusion(tiny_qwen3_copy, fitted, {"objective": "nDCG@10"})

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from offline_support import FlakyFS, invalid_utf8
 
+from acare_ray.data.schema import RERANK_OUTPUT
 from acare_ray.offline import resume
 from acare_ray.offline.lock import LOCK_FILE, OutputLock, OutputLocked
 from acare_ray.offline.resume import (
@@ -35,7 +36,6 @@ from acare_ray.offline.resume import (
     strip_errored,
 )
 from acare_ray.offline.score import rerank_rows, table_rows
-from acare_ray.schema import RERANK_OUTPUT
 
 
 @pytest.fixture(autouse=True)

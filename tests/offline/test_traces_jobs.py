@@ -12,7 +12,7 @@ from offline_support import read_rows
 
 from acare_ray.cli import main
 from acare_ray.data.io import data_dir, read_parquet
-from acare_ray.session_replay import SessionSearch, replay_session
+from acare_ray.eval.session_replay import SessionSearch, replay_session
 
 pytestmark = pytest.mark.slow
 TRACES = data_dir() / "agent_traces"

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, QUESTION, REASONING
 
-from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.http import inline_score, single_model_api
-from acare_ray.online.service import RerankService, Search
+from acare_ray.online.service import RerankInput, RerankService
+from acare_ray.ranking.fusion import FusionConfig, fuse
 
 # The last document repeats the first: equal scores, so the tie rule shows.
 DOCUMENTS = [*CAPITAL_DOCUMENTS, "Velmoria is a small country.", CAPITAL_DOCUMENTS[0]]
@@ -38,7 +38,7 @@ def client_for(service, **options) -> TestClient:
     return TestClient(single_model_api(service, inline_score(service), **options))
 
 
-def scored(service, search: Search) -> tuple[np.ndarray, int, str]:
+def scored(service, search: RerankInput) -> tuple[np.ndarray, int, str]:
     """(log-odds, tokens scored, mode) of ``search`` straight from the service."""
     job = service.prepare(search)
     (out,) = service.score([job])
@@ -89,7 +89,7 @@ TEI_CASES = [
 def expected_cohere(service, path, body, request_id) -> tuple[bytes, dict[str, str]]:
     version = path[2]
     documents = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
-    search = Search(
+    search = RerankInput(
         query=body["query"],
         documents=documents,
         original_question=body.get("original_question"),
@@ -125,7 +125,7 @@ def expected_cohere(service, path, body, request_id) -> tuple[bytes, dict[str, s
 
 
 def expected_tei(service, body) -> tuple[bytes, dict[str, str]]:
-    search = Search(
+    search = RerankInput(
         query=body["query"],
         documents=body["texts"],
         original_question=body.get("original_question"),
@@ -179,7 +179,7 @@ def test_a_tei_request_without_first_stage_fields_is_answered_as_before(service,
     assert acare_headers(response) == headers
 
 
-def fused_by_hand(service, scores_search: Search, config, first_stage=None):
+def fused_by_hand(service, scores_search: RerankInput, config, first_stage=None):
     scores, _, _ = scored(service, scores_search)
     return scores, fuse(scores, config, first_stage)
 
@@ -203,9 +203,9 @@ def test_a_fused_cohere_request_equals_fuse_by_hand(service, path, setting):
     )
     assert response.status_code == 200, response.text
     config = FusionConfig.parse(setting)
-    search = Search(QUERY, DOCUMENTS, reasoning=REASONING, max_tokens_per_doc=None)
+    search = RerankInput(QUERY, DOCUMENTS, reasoning=REASONING, max_tokens_per_doc=None)
     if path == "/v2/rerank":
-        search = Search(QUERY, DOCUMENTS, reasoning=REASONING, max_tokens_per_doc=4096)
+        search = RerankInput(QUERY, DOCUMENTS, reasoning=REASONING, max_tokens_per_doc=4096)
     scores, fused = fused_by_hand(service, search, config, FIRST_STAGE)
     answer = response.json()
     assert [r["index"] for r in answer["results"]] == [int(i) for i in fused.order[:4]]
@@ -236,7 +236,7 @@ def test_a_fused_tei_request_equals_fuse_by_hand(service):
     response = client_for(service).post("/rerank", json=body)
     assert response.status_code == 200, response.text
     config = FusionConfig.parse(body["fusion"])
-    scores, fused = fused_by_hand(service, Search(QUERY, DOCUMENTS), config)
+    scores, fused = fused_by_hand(service, RerankInput(QUERY, DOCUMENTS), config)
     answer = response.json()
     assert [r["index"] for r in answer] == [int(i) for i in fused.order]
     for r in answer:
@@ -254,7 +254,9 @@ def test_without_a_fusion_field_the_checkpoints_fitted_setting_is_used(service, 
     setting; ``none`` when it has none (log-odds order, ties by first-stage rank)."""
     client = client_for(service, fitted_fusion=fitted)
     want = fitted or FusionConfig()
-    scores, fused = fused_by_hand(service, Search(QUERY, DOCUMENTS, max_tokens_per_doc=4096), want)
+    scores, fused = fused_by_hand(
+        service, RerankInput(QUERY, DOCUMENTS, max_tokens_per_doc=4096), want
+    )
     for extra in ({}, {"fusion": "auto"}, {"fusion": " auto "}):
         body = {"query": QUERY, "documents": DOCUMENTS, "first_stage_order": True, **extra}
         answer = client.post("/v2/rerank", json=body).json()
@@ -371,7 +373,7 @@ def test_a_pass_through_checkpoint_keeps_the_order_the_documents_came_in(service
     """Issue 32: the safety rule stored the first-stage order; a request without first-stage
     fields is answered in its own document order (the agent's list is never made worse), and
     `fusion: none` still asks for the reranker's order."""
-    from acare_ray.fusion_fit import PASS_THROUGH
+    from acare_ray.ranking.fusion_fit import PASS_THROUGH
 
     client = client_for(service, fitted_fusion=PASS_THROUGH)
     body = {"query": "capital", "documents": DOCUMENTS}

@@ -17,7 +17,7 @@ from online_support import admission_screen, admitted_scoring
 from acare_ray.online.admission import Admission
 from acare_ray.online.app_args import AppArgs
 from acare_ray.online.http import parse_keys, single_model_api
-from acare_ray.online.service import Limits, RerankService, Search
+from acare_ray.online.service import Limits, RerankInput, RerankService
 from acare_ray.scoring import AgentContext
 
 DOCUMENTS = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
@@ -45,7 +45,7 @@ def test_the_token_cap_refuses_before_anything_is_tokenized(service, monkeypatch
     monkeypatch.setattr(service.layout, "fit", boom)
     monkeypatch.setattr(service.layout, "context_tokens", boom)
     with pytest.raises(Exception) as refused:
-        service.prepare(Search(query="q", documents=["word " * 1000] * MAX_DOCUMENTS))
+        service.prepare(RerankInput(query="q", documents=["word " * 1000] * MAX_DOCUMENTS))
     assert refused.value.status == 413 and refused.value.field == "documents"
     assert "max_tokens_per_doc" in refused.value.message
 
@@ -58,7 +58,7 @@ def test_the_bound_is_never_below_what_the_model_computes(request, backend):
     svc = RerankService(scorer, "x")
     texts = ["ééé ααα 中文 emoji 🙂 " * 20, "a b c d e f", "x" * 3000]
     for fields in ({}, {"original_question": "why? " * 50, "reasoning": "because " * 80}):
-        job = svc.prepare(Search(query="q " * 30, documents=texts, **fields))
+        job = svc.prepare(RerankInput(query="q " * 30, documents=texts, **fields))
         before = scorer.stats.real_tokens
         svc.score([job])
         assert job.bound >= scorer.stats.real_tokens - before

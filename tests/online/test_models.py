@@ -27,13 +27,13 @@ from pydantic import ValidationError
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 
-from acare_ray.checkpoint_settings import write_fusion
-from acare_ray.fusion import FusionConfig
 from acare_ray.online.app_args import AppArgs
+from acare_ray.online.errors import ClientError
 from acare_ray.online.http import inline_score, single_model_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import RerankService
-from acare_ray.request_errors import ClientError
+from acare_ray.ranking.checkpoint_settings import write_fusion
+from acare_ray.ranking.fusion import FusionConfig
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Scorer
 from acare_ray.testing import build_random_qwen3, deploy_serve_config, free_port
 

@@ -2,7 +2,7 @@
 
 One application of ``serve_configs/local.yaml`` serving a tiny random Qwen3 checkpoint A on two
 replicas is deployed for the module. Client threads send ``/v2/rerank`` requests without pause
-through :class:`acare_ray.client.AcareClient` (what ``acare agent-bench --endpoint`` uses): it
+through :class:`acare_ray.clients.http_client.AcareClient` (what ``acare agent-bench --endpoint`` uses): it
 retries a 503 or 429 after its ``Retry-After`` and resends a rerank answered 408/500/502. A
 recording transport keeps every attempt's status and ``x-acare-model-version``.
 
@@ -28,7 +28,7 @@ import httpx
 import pytest
 from online_support import local_serve_config
 
-from acare_ray.client import AcareClient, AcareError
+from acare_ray.clients.http_client import AcareClient, AcareError
 from acare_ray.online.models import ModelSource, checkpoint_version
 from acare_ray.testing import build_random_qwen3, free_port, submit_serve_config
 

@@ -43,9 +43,9 @@ from online_support import cohere_rerank, local_serve_config
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, CONTEXT, QUERY, QUESTION, REASONING
 
-from acare_ray.checkpoint_settings import read_fusion, write_fusion
-from acare_ray.fusion import FusionConfig, fuse
 from acare_ray.online.models import short_model_name
+from acare_ray.ranking.checkpoint_settings import read_fusion, write_fusion
+from acare_ray.ranking.fusion import FusionConfig, fuse
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Mode, Scorer
 from acare_ray.testing import deploy_serve_config, free_port
 
@@ -896,7 +896,7 @@ def fair_request(
     """A maximal request for the ``fair`` app: ``documents`` digit strings (one token per byte,
     the most work per byte the token bound allows) as long as ``max_request_tokens`` allows,
     plus ``extra_bytes`` on the last document (1: one byte over the cap)."""
-    from acare_ray.online.service import Limits, RerankService, Search
+    from acare_ray.online.service import Limits, RerankInput, RerankService
 
     service = RerankService(scorer, "fair", Limits(max_request_tokens=FAIR_MAX_TOKENS))
     rng = random.Random(seed)
@@ -905,7 +905,7 @@ def fair_request(
         return ["".join(rng.choice("0123456789") for _ in range(length)) for _ in range(documents)]
 
     def bound(length: int) -> int:
-        return service.token_bound(Search(QUERY, ["0" * length] * documents), Mode.M0)
+        return service.token_bound(RerankInput(QUERY, ["0" * length] * documents), Mode.M0)
 
     length = 1
     while bound(length + 1) <= FAIR_MAX_TOKENS:
@@ -914,7 +914,7 @@ def fair_request(
     for i in range(FAIR_MAX_TOKENS - bound(length)):  # fewer than `documents`: one byte each
         docs[i] += "7"
     docs[-1] += "7" * extra_bytes
-    exact = service.token_bound(Search(QUERY, docs), Mode.M0)
+    exact = service.token_bound(RerankInput(QUERY, docs), Mode.M0)
     assert exact == FAIR_MAX_TOKENS + extra_bytes, exact
     return {"query": QUERY, "texts": docs}
 

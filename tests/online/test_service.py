@@ -7,14 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from acare_ray.online.errors import ClientError
 from acare_ray.online.service import (
     Limits,
+    RerankInput,
     RerankService,
     ScoringJob,
-    Search,
     scoring_refusal,
 )
-from acare_ray.request_errors import ClientError
 from acare_ray.scoring import AgentContext, Mode, Scorer, check_documents
 
 QUESTION = "What is the population of the capital of the country where Anna Berg was born?"
@@ -38,8 +38,8 @@ def cross(minilm_scorer) -> RerankService:
     return RerankService(minilm_scorer, "minilm")
 
 
-def search(**fields) -> Search:
-    return Search(**({"query": "capital population", "documents": DOCUMENTS} | fields))
+def search(**fields) -> RerankInput:
+    return RerankInput(**({"query": "capital population", "documents": DOCUMENTS} | fields))
 
 
 @pytest.mark.parametrize("backend", ["causal", "cross"])

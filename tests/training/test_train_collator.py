@@ -11,8 +11,8 @@ import torch
 
 from acare_ray.data.io import write_parquet
 from acare_ray.data.nemo import write_nemo_jsonl
+from acare_ray.data.schema import TRAINING_GROUPS, Candidate, Group, RowError
 from acare_ray.data.synthetic import synthetic_groups
-from acare_ray.schema import TRAINING_GROUPS, Candidate, Group, RowError
 from acare_ray.scoring import AgentContext, FieldDropout, Mode
 from acare_ray.scoring.cross_encoder import PairScorer
 from acare_ray.training.collator import GroupCollator

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from acare_ray.data.io import write_parquet
-from acare_ray.schema import TRAINING_GROUPS
+from acare_ray.data.schema import TRAINING_GROUPS
 from acare_ray.scoring import AgentContext, Mode, Scorer
 from acare_ray.training import TrainConfig, run, trainer
 from acare_ray.training.checkpoint import full_parameters, read_training_info

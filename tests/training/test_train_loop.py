@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from acare_ray.data.synthetic import synthetic_groups
-from acare_ray.loss import lce_loss
 from acare_ray.scoring import FieldDropout, Scorer
 from acare_ray.training.collator import GroupCollator
 from acare_ray.training.groups import parse_groups
@@ -16,6 +15,7 @@ from acare_ray.training.loop import (
     trainable_module,
     warmup_linear,
 )
+from acare_ray.training.loss import lce_loss
 
 CPU = torch.device("cpu")
 

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from acare_ray.loss import lce_loss
-from acare_ray.schema import TRAINING_GROUPS, Candidate, Group
+from acare_ray.data.schema import TRAINING_GROUPS, Candidate, Group
 from acare_ray.scoring import AgentContext
 from acare_ray.training.cli import config_from_args
 from acare_ray.training.config import TrainConfig
+from acare_ray.training.loss import lce_loss
 from acare_ray.training.plan import load_splits, step_groups, total_steps
 from acare_ray.training.validation import group_loss
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from acare_ray.schema import Candidate, Group
+from acare_ray.data.schema import Candidate, Group
 from acare_ray.scoring import AgentContext
 from acare_ray.training.validation import validate
 

@@ -48,6 +48,7 @@ class CausalLMBackend(Backend):
     """
 
     name: ClassVar[str] = "causal_lm"
+    has_reference: ClassVar[bool] = True
     document_lead: ClassVar[str] = DOCUMENT_LEAD  # a document is " " + text, after the prefix
     instruction_line: ClassVar[bool] = True
     default_prompt: ClassVar[PromptConfig] = PromptConfig()
