@@ -28,7 +28,9 @@ QUESTION = "What is the population of the capital of the country where Anna Berg
 REASONING = "Anna Berg was born in Velmoria, so I need the capital of Velmoria."
 
 
-def make_app(scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8, calibration=None):
+def make_app(
+    scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8, calibration=None, first_stage=None
+):
     service = RerankService(scorer, "tiny", Limits(max_documents=50), calibration=calibration)
     settings = SearchSettings(
         index=str(index_dir), first_stage_k=first_stage_k, max_top_k=max_top_k
@@ -42,7 +44,7 @@ def make_app(scorer, index_dir, keys=None, first_stage_k=8, max_top_k=8, calibra
         return await scored(job, client)
 
     routes = search_routes(
-        BM25FirstStage(str(index_dir)),
+        first_stage or BM25FirstStage(str(index_dir)),
         LocalSessions(SessionMemory(settings.session_limits())),
         settings,
         max_documents=50,
@@ -277,6 +279,24 @@ def test_upstream_adapter_reads_the_documented_shape_and_refuses_a_bad_answer():
     assert calls[0] == ("Bearer key", {"query": "hello", "top_k": 5})
     with pytest.raises(UpstreamError, match="^upstream search answer is malformed"):
         stage.search("bad", 5)
+
+
+def test_a_failing_upstream_search_is_a_502_naming_the_first_stage(tiny_scorer, index_dir):
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["query"] == "down":
+            raise httpx.ConnectError("connection refused")
+        return httpx.Response(503, text="busy")
+
+    stage = HttpFirstStage("http://up.test/search", transport=httpx.MockTransport(upstream))
+    client, received = make_app(tiny_scorer, index_dir, first_stage=stage)
+    for query, said in (
+        ("down", "upstream search failed"),
+        ("busy", "upstream search answered HTTP 503"),
+    ):
+        answer = client.post("/v1/search", json={"query": query})
+        assert answer.status_code == 502, answer.text
+        assert answer.json()["message"].startswith(f"first_stage: {said}")
+    assert received == []  # nothing was scored
 
 
 def test_search_settings_need_exactly_one_first_stage():
