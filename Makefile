@@ -45,7 +45,7 @@ lint: install
 	$(BIN)/ruff format --check acare_ray tests benchmarks
 
 bench: install
-	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python benchmarks/bench_scorer.py
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m benchmarks.bench_scorer
 
 # The published recipe: `acare adopt` with the committed config for our data (the traces'
 # split, MuSiQue + HotpotQA as extra training data, early stopping, the safe fusion fit, the

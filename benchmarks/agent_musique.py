@@ -7,7 +7,7 @@ checkpoint that run trained. Every stage is one ``acare agent-bench`` command, r
 runs it (the commands are recorded); the served stages start ``acare serve --model CHECKPOINT``
 on a fresh local Ray cluster and stop it after.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/agent_musique.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.agent_musique \\
         --checkpoint runs/transfer_musique/runs/<run>/checkpoint_0000149
 
 Writes ``benchmarks/results/<name>.{json,md,png}`` (the in-process chart). A stage whose
@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from quality_musique import split_questions  # benchmarks/ is the script's own folder
-from report import commands_block, git_commit, machine_line, write_report
-
 from acare_ray.testing import free_port, running, wait_for_health
+from benchmarks.quality_musique import split_questions
+from benchmarks.report import commands_block, git_commit, machine_line, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ status (``serve.status()``) the replicas by state, and from a probe (a 5-documen
 adds the admission refusals of each replica it reaches. After the agents finish, the
 autoscaling phase keeps recording until Serve is back to ``min_replicas`` (or ``--settle-s``).
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/bench_autoscale.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.bench_autoscale \\
         [--model CHECKPOINT] [--tasks 16] [--agents 16]
 
 Writes ``benchmarks/results/<name>.{json,md,png}`` (chart: replicas and probe latency over
@@ -29,7 +29,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cluster_bench import (  # benchmarks/ is the script's own folder
+from acare_ray.online.autoscaling import load_upscale_delay_s
+from acare_ray.scoring import DEFAULT_MODEL
+from acare_ray.testing import free_port
+from benchmarks.cluster_bench import (
     Monitor,
     add_load_flags,
     add_output_flags,
@@ -47,11 +50,7 @@ from cluster_bench import (  # benchmarks/ is the script's own folder
     save_result,
     start_ray,
 )
-from report import commands_block, git_commit, machine_line
-
-from acare_ray.online.autoscaling import load_upscale_delay_s
-from acare_ray.scoring import DEFAULT_MODEL
-from acare_ray.testing import free_port
+from benchmarks.report import commands_block, git_commit, machine_line
 
 TARGET_SPEEDUP = 1.6
 
@@ -94,14 +93,14 @@ def scale_up_wait_s(scaling: dict[str, Any], replica_start_s: float) -> float:
 
 
 def admission_window_s(user_config: dict[str, Any], clients: int = 1) -> float:
-    """The expected wait at which a replica starts refusing the requests of ``clients``
-    clients sharing it evenly: ``admission_deadline_s``, or each client's ``client_share`` of
-    it when that is less (one client alone is refused past its share)."""
+    """The expected wait at which a replica with this ``user_config`` starts refusing the
+    requests of ``clients`` clients (:meth:`Admission.refusal_wait_s`)."""
+    from acare_ray.online.admission import Admission
     from acare_ray.online.app_args import ReplicaSettings
 
     settings = ReplicaSettings.model_validate(user_config)
-    share = settings.client_share * settings.admission_deadline_s * clients
-    return min(settings.admission_deadline_s, share)
+    admission = Admission(settings.admission_deadline_s, 1.0, client_share=settings.client_share)
+    return admission.refusal_wait_s(clients)
 
 
 def scaling_summary(samples: list[dict[str, Any]], marks: dict[str, float]) -> dict[str, Any]:

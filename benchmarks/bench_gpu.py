@@ -33,14 +33,14 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-import bench_scorer as bs
 import numpy as np
 import torch
-from measure import H100_H200_BF16_DENSE_FLOPS, measure, model_flops
-from report import commands_block, environment, write, write_report
 
+import benchmarks.bench_scorer as bs
 from acare_ray.scoring import Mode, Scorer
 from acare_ray.scoring.causal.fast import split_kernel
+from benchmarks.measure import H100_H200_BF16_DENSE_FLOPS, measure, model_flops
+from benchmarks.report import commands_block, environment, write, write_report
 
 P99_BOUND_S = 0.5  # SGLang's serving measure (sglang#9748): the highest rate under this P99
 PATHS = (  # name, attention, compiled

@@ -16,7 +16,7 @@ a fresh subprocess at 1x, 2x and 4x input:
   0.2 s, and the peak of the driver process alone.
 
 Writes ``<out>/<label>.json`` and ``<out>/<label>.md``. Defaults take a few minutes on 2 CPU
-cores: ``python benchmarks/bench_offline.py`` (``--help`` for sizes, model, pool).
+cores: ``python -m benchmarks.bench_offline`` (``--help`` for sizes, model, pool).
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from cluster_bench import start_ray  # benchmarks/ is the script's own folder
-from report import machine, write_report
-
 from acare_ray.scoring import DEFAULT_MODEL
+from benchmarks.cluster_bench import start_ray
+from benchmarks.report import machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -24,7 +24,7 @@ committed, then the same job run again over the same output; (b) one actor SIGKI
 Each checks that every search is in the output exactly once and reports the rows the re-run
 scored. Writes ``<out>/<label>.{json,md,png}``.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/bench_offline_scale.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.bench_offline_scale \\
         --sizes 1000,10000,100000 --kill-resume 100000 --kill-actor-in-rerun
 """
 
@@ -43,9 +43,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench_offline import TreeMemory, _children, make_input, plain_loop
-from cluster_bench import start_ray
-from report import machine, write_report
+from benchmarks.bench_offline import TreeMemory, _children, make_input, plain_loop
+from benchmarks.cluster_bench import start_ray
+from benchmarks.report import machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENV = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
@@ -531,7 +531,7 @@ def main() -> None:
             results.append(measured[method, n])
             print(json.dumps(results[-1]), flush=True)
     report = {
-        "command": "python benchmarks/bench_offline_scale.py "
+        "command": "python -m benchmarks.bench_offline_scale "
         + " ".join(public_argv(sys.argv[1:])),
         "args": {
             k: v

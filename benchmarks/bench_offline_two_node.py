@@ -9,7 +9,7 @@ host: the same local disk). Then reads back from the cluster's state API which n
 job's actors ran on and how many batches each finished, and checks the output holds every
 search exactly once. Writes ``<out>/<label>.{json,md}``.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/bench_offline_two_node.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.bench_offline_two_node \\
         --searches 10000 --actors 2
 """
 
@@ -24,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_offline import make_input
-from bench_offline_scale import check_exactly_once, output_files, public_argv
-from report import machine, write_report
-
 from acare_ray.testing import LocalRayCluster, build_random_qwen3
+from benchmarks.bench_offline import make_input
+from benchmarks.bench_offline_scale import check_exactly_once, output_files, public_argv
+from benchmarks.report import machine, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -140,7 +139,7 @@ def main() -> None:
     result = {"searches": args.searches, "seconds": seconds, "nodes": nodes}
     result |= check_exactly_once(output, searches) | {"output": output_files(output)}
     report = {
-        "command": "python benchmarks/bench_offline_two_node.py "
+        "command": "python -m benchmarks.bench_offline_two_node "
         + " ".join(public_argv(sys.argv[1:])),
         "job_command": "ray job submit --runtime-env jobs/rerank.yaml -- "
         + " ".join(

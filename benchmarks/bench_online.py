@@ -14,7 +14,7 @@ Reported per level: requests/s, candidates/s, p50/p99 latency, mean requests per
 (``x-acare-batch-requests``), 503s; and the largest gap between served and in-process log-odds.
 Writes ``<out>/<label>.json`` and ``<out>/<label>.md``.
 
-``python benchmarks/bench_online.py`` runs the tiny random Qwen3 on CPU (a few minutes); on a
+``python -m benchmarks.bench_online`` runs the tiny random Qwen3 on CPU (a few minutes); on a
 GPU machine pass e.g. ``--model Qwen3-Reranker-0.6B --layers 0 --device cuda --dtype bfloat16``
 (random weights at real shapes) or ``--model PATH`` (a checkpoint).
 """
@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cluster_bench import start_ray  # benchmarks/ is the script's own folder
-from report import write_report
-from workloads import REASONING_SOURCE, Search, musique_workload
 
 from acare_ray.scoring import Mode, Scorer
 from acare_ray.testing import build_random_qwen3, free_port
+from benchmarks.cluster_bench import start_ray
+from benchmarks.report import write_report
+from benchmarks.workloads import REASONING_SOURCE, Search, musique_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

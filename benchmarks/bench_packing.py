@@ -8,8 +8,8 @@ prefixes, candidates of several searches in one forward (each attends to its own
 prefix). Same model object, same inputs, rounds interleaved, fastest of ``--rounds`` per
 method; scores must agree within 1e-4 (float32) / 0.05 x spread (bfloat16).
 
-    .venv/bin/python benchmarks/bench_packing.py                       # CPU, ~5 min
-    .venv/bin/python benchmarks/bench_packing.py --device cuda --dtype bfloat16 --layers 0
+    .venv/bin/python -m benchmarks.bench_packing                       # CPU, ~5 min
+    .venv/bin/python -m benchmarks.bench_packing --device cuda --dtype bfloat16 --layers 0
 
 writes ``<out>/packing-<device>-<config>-<dtype>.{json,md}``.
 """
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_scorer import BenchConfig, build_model
-from measure import measure
-from report import environment, write_report
-from workloads import fixed_workload
 
 from acare_ray.scoring import Mode, Scorer
+from benchmarks.bench_scorer import BenchConfig, build_model
+from benchmarks.measure import measure
+from benchmarks.report import environment, write_report
+from benchmarks.workloads import fixed_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

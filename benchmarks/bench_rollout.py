@@ -8,7 +8,7 @@ after the update is done, one replica actor is killed (``ray.kill``) and Serve r
 Meanwhile, every second, Serve's status gives the replicas by state and a probe request the
 ``x-acare-model-version`` that answered (:class:`bench_autoscale.Monitor`).
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/bench_rollout.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.bench_rollout \\
         --from runs/a/final --to runs/b/final [--tasks 16 --agents 16]
 
 Recorded: when the update started and finished, the last probe answered by the old version and
@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from cluster_bench import (  # benchmarks/ is the script's own folder
+
+from acare_ray.testing import free_port
+from benchmarks.cluster_bench import (
     APP,
     Monitor,
     add_load_flags,
@@ -47,9 +49,7 @@ from cluster_bench import (  # benchmarks/ is the script's own folder
     save_result,
     start_ray,
 )
-from report import commands_block, git_commit, machine_line
-
-from acare_ray.testing import free_port
+from benchmarks.report import commands_block, git_commit, machine_line
 
 
 def with_model(config: dict[str, Any], model: str) -> dict[str, Any]:

@@ -28,9 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from measure import H100_H200_BF16_DENSE_FLOPS, Measured, measure, non_embedding_params
-from report import environment, score_gap, summarise, targets, write
-from workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
 
 from acare_ray.scoring import Mode, Scorer
 from acare_ray.scoring.prompt import SYSTEM_PREFIX
@@ -41,6 +38,9 @@ from acare_ray.testing import (
     model_config_path,
     qwen3_tokenizer_dir,
 )
+from benchmarks.measure import H100_H200_BF16_DENSE_FLOPS, Measured, measure, non_embedding_params
+from benchmarks.report import environment, score_gap, summarise, targets, write
+from benchmarks.workloads import REASONING_SOURCE, Search, fixed_workload, musique_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Score agreement with the recipe: absolute in float32; in bfloat16 (8 mantissa bits, another

@@ -20,7 +20,7 @@ A separate timing gives the validation's own cost (the recipe's M0 + M3 on 240 g
 M3 on 120). One seed: a short run's figure moves with the seed, so a lever's gain is read with
 the spread of the baseline's checkpoints in mind, and what is kept is confirmed in the recipe.
 
-    .venv/bin/python benchmarks/bench_train_levers.py    # ~55 min on 2 cores, run alone
+    .venv/bin/python -m benchmarks.bench_train_levers    # ~55 min on 2 cores, run alone
 
 writes ``benchmarks/results/train-levers-cpu-minilm.{json,md}``.
 """
@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from report import commands_block, environment, write_report
 
 from acare_ray.adopt.config import AdoptConfig
 from acare_ray.adopt.stages import done, run_stages, train_config
@@ -48,6 +47,7 @@ from acare_ray.training.config import TrainConfig
 from acare_ray.training.loop import build_optimizer, freeze_lowest, train_step, trainable_module
 from acare_ray.training.plan import load_splits, step_groups
 from acare_ray.training.validation import metric_key, validate
+from benchmarks.report import commands_block, environment, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -271,7 +271,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"The recipe validates every {every} steps: {every} baseline steps take "
             f"{every * base['median_step_s']:.0f} s.",
         ]
-    lines += commands_block([".venv/bin/python benchmarks/bench_train_levers.py"])
+    lines += commands_block([".venv/bin/python -m benchmarks.bench_train_levers"])
     return "\n".join(lines)
 
 

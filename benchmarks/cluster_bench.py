@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from report import write_report
+
+from benchmarks.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "acare"
@@ -321,10 +322,10 @@ def save_result(
 
 
 def run_commands(script: str, argv: list[str] | None, args: argparse.Namespace) -> list[str]:
-    """What a results file records as its commands: ``benchmarks/<script>`` with the run's
+    """What a results file records as its commands: ``python -m benchmarks.<script>`` with the run's
     flags (paths made public) and the agent-bench it ran against the served app."""
     argv_public = [public(a) for a in (argv if argv is not None else sys.argv[1:])]
     return [
-        " ".join([f"python benchmarks/{script}", *argv_public]),
+        " ".join([f"python -m benchmarks.{script.removesuffix('.py')}", *argv_public]),
         "acare " + " ".join(agent_bench_command(args, "$URL", Path("$OUT"))[3:]),
     ]

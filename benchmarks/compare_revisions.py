@@ -6,7 +6,7 @@ each in its own process with its own code on ``PYTHONPATH``, on the same machine
 Reports the scorer's pairs per CPU-second per mode, head / base, with the spread of the runs, so
 a difference can be read against the noise. Writes ``<out>/<name>.json`` and ``.md``::
 
-    python benchmarks/compare_revisions.py --base b22479e --repeats 2
+    python -m benchmarks.compare_revisions --base b22479e --repeats 2
 
 Arguments after ``--`` go to both ``bench_scorer.py`` runs (defaults: a short CPU run).
 """
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from report import write_report  # benchmarks/ is the script's own folder
+from benchmarks.report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_ARGS = ["--workload", "fixed", "--rounds", "2", "--official-pairs", "0"]

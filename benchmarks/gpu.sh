@@ -80,7 +80,7 @@ fi
 
 started=$SECONDS
 # Seconds: the split path against the concat path on this device, before the long run.
-timeout 300 "$PYTHON" benchmarks/bench_gpu.py --smoke --device "${args[1]}"
+timeout 300 "$PYTHON" -m benchmarks.bench_gpu --smoke --device "${args[1]}"
 failed=0
 step() {  # a step that fails or runs over is reported; the others still run
     "$@" || { echo "== step failed (exit $?): ${*:2:3}" >&2; failed=1; }
@@ -88,13 +88,13 @@ step() {  # a step that fails or runs over is reported; the others still run
 # Per model, one process: bench_scorer's report (ours vs the recipes) and the paths report
 # (attention paths eager and compiled, top-10 vs float32, profile; the small model adds
 # single-search latency and the serving-shaped rate sweep).
-step timeout "$limit" "$PYTHON" benchmarks/bench_gpu.py "${args[@]}" --workload fixed \
+step timeout "$limit" "$PYTHON" -m benchmarks.bench_gpu "${args[@]}" --workload fixed \
     --modes M0 M3 --config "${configs[0]}" --name "$mode" --out "$OUT_DIR" "${latency[@]}"
-step timeout "$limit4b" "$PYTHON" benchmarks/bench_gpu.py "${args[@]}" --workload fixed \
+step timeout "$limit4b" "$PYTHON" -m benchmarks.bench_gpu "${args[@]}" --workload fixed \
     --modes M0 M3 --config "${configs[1]}" --name "$mode" --out "$OUT_DIR"
 echo "== scorer reports done in $((SECONDS - started))s"
 # Small searches in one score_many call (the online batcher's case): per search vs packed.
-step timeout "$pack_limit" "$PYTHON" benchmarks/bench_packing.py "${pack_args[@]}" \
+step timeout "$pack_limit" "$PYTHON" -m benchmarks.bench_packing "${pack_args[@]}" \
     --config "${configs[0]}" --name "packing-$mode" --out "$OUT_DIR"
 echo "== done in $((SECONDS - started))s; results in $OUT_DIR"
 exit $failed

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_scorer as bs
 import numpy as np
 import torch
 
+import benchmarks.bench_scorer as bs
 from acare_ray.scoring import Mode
 from acare_ray.scoring.causal import fast
 

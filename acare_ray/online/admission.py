@@ -148,6 +148,14 @@ class Admission:
             ahead -= min(self._running_tokens, max(0.0, now - self._running_since) * rate)
         return max(ahead, 0.0) / rate
 
+    def refusal_wait_s(self, clients: int = 1) -> float:
+        """The expected wait at which this replica starts refusing the requests of ``clients``
+        clients sharing it evenly: the deadline, or the clients' shares of it together when
+        those are less (one client alone is refused past its share)."""
+        if clients < 1:
+            raise ValueError(f"clients must be at least 1, got {clients}")
+        return min(self.deadline_s, self.client_share * self.deadline_s * clients)
+
     def check(self, now: float | None = None) -> Decision:
         """The verdict for a request arriving now, changing nothing."""
         wait = self.expected_wait_s(now)

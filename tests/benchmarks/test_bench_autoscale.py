@@ -201,13 +201,13 @@ def test_the_documented_benchmark_commands_parse(bench, script):
     import shlex
 
     autoscale, rollout = bench
-    lines = documented_lines(f"benchmarks/{script}")
+    lines = documented_lines(f"benchmarks.{script.removesuffix('.py')}")
     assert lines
     module = autoscale if script == "bench_autoscale.py" else rollout
     for line in lines:
         argv = shlex.split(line)
-        assert argv[:2] == ["python", f"benchmarks/{script}"]
-        args = module.parse_args(argv[2:])
+        assert argv[:3] == ["python", "-m", f"benchmarks.{script.removesuffix('.py')}"]
+        args = module.parse_args(argv[3:])
         assert (args.tasks, args.agents) == (16, 16)
         assert (REPO / args.config).is_file()
         if "--ramp-s" in argv:  # the ramp reaches the agents' command

@@ -59,12 +59,14 @@ def test_scale_benchmark_runs_end_to_end_at_a_tiny_size(tiny_qwen3_dir, tmp_path
     import os
 
     out = tmp_path / "report"
-    argv = [sys.executable, str(BENCHMARKS / "bench_offline_scale.py"), "--sizes", "40"]
+    argv = [sys.executable, "-m", "benchmarks.bench_offline_scale", "--sizes", "40"]
     argv += ["--model", str(tiny_qwen3_dir), "--work-dir", str(tmp_path / "w")]
     argv += ["--out", str(out), "--label", "smoke", "--batch-size", "8"]
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, env=env, cwd=BENCHMARKS.parent
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "smoke.json").read_text())
     by_method = {r["method"]: r for r in report["results"]}

@@ -115,6 +115,24 @@ def test_screen_counts_a_refusal_and_configure_keeps_what_was_measured():
         Admission(deadline_s=1, prior_tokens_per_s=1.0, decay=1.0)
 
 
+@pytest.mark.parametrize("clients", [1, 2, 3])
+def test_refusal_wait_is_where_clients_sharing_a_replica_evenly_start_being_refused(clients):
+    """``refusal_wait_s`` (what the autoscaling benchmark sizes its load with) against what
+    ``admit`` does: each client sends 10-token requests in turn until one is refused."""
+    admission = Admission(deadline_s=2.0, prior_tokens_per_s=100.0, client_share=0.4)
+    refused = None
+    for i in range(100):
+        if not admission.admit(10, client=f"c{i % clients}", now=0.0).admitted:
+            refused = admission.expected_wait_s(now=0.0)
+            break
+    assert refused is not None
+    # the wait queued when the first request was refused: within one request (0.1 s) of it
+    assert refused == pytest.approx(admission.refusal_wait_s(clients), abs=0.1 + 1e-9)
+    assert admission.refusal_wait_s(clients) == min(2.0, 0.8 * clients)
+    with pytest.raises(ValueError, match="clients"):
+        admission.refusal_wait_s(0)
+
+
 @pytest.fixture(scope="module")
 def service(tiny_scorer) -> RerankService:
     return RerankService(tiny_scorer, "tiny")
