@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,6 @@ def data_dir() -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
-def shared_dir() -> Path:
-    """Deprecated: use :func:`data_dir`. The parent of ``data_dir()``, for old callers that join
-    ``"data"`` to it (right only while ``data_dir()`` is named ``data``, as the default is)."""
-    warnings.warn(
-        "acare_ray.data.io.shared_dir() is deprecated; use data_dir() (set ACARE_DATA_DIR)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return data_dir().parent
 
 
 # Rows per Parquet row group in the files acare writes. Ray Data reads a row group as one block,

@@ -204,8 +204,8 @@ _tokenizers_lock = threading.Lock()
 def load_tokenizer(path: str, revision: str | None = None) -> Any:
     """The Hugging Face tokenizer of the model at ``path``, parsed once per process per folder.
 
-    transformers parses Qwen3's 11 MB ``tokenizer.json`` twice in Python: 1.7 s of every load on
-    2 CPUs. A later load of the same local folder (another scorer, a second served model with
+    transformers parses a large ``tokenizer.json`` (Qwen3's) slowly, in Python, on every load
+    (docs/architecture.md gives the cost). A later load of the same local folder (another scorer, a second served model with
     the same files, a reload) gets the same object, until a file in the folder changes (names,
     sizes and modification times are the key). Scorers only read it: they tokenize through their
     own :class:`~acare_ray.scoring.untrusted.InertTokenizer`, so treat it as read-only. A Hub

@@ -10,7 +10,6 @@ from acare_ray.data.io import (
     data_dir,
     read_jsonl,
     read_parquet,
-    shared_dir,
     write_jsonl,
     write_parquet,
 )
@@ -69,9 +68,3 @@ def test_data_dir_follows_the_environment(monkeypatch, tmp_path):
     assert data_dir() == tmp_path
     monkeypatch.delenv("ACARE_DATA_DIR")
     assert data_dir() == Path(io.__file__).resolve().parents[2].parent / "shared" / "data"
-
-
-def test_shared_dir_is_a_deprecated_alias_of_the_data_dir_parent(monkeypatch, tmp_path):
-    monkeypatch.setenv("ACARE_DATA_DIR", str(tmp_path / "data"))
-    with pytest.warns(DeprecationWarning, match="data_dir"):
-        assert shared_dir() / "data" == data_dir()
