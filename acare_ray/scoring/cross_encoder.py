@@ -29,7 +29,7 @@ from acare_ray.scoring.backend import (
 from acare_ray.scoring.batching import BatchPlan, move_tensors, pad_right
 from acare_ray.scoring.config import FieldCaps, PromptConfig
 from acare_ray.scoring.context import AgentContext, FieldError, Mode
-from acare_ray.scoring.prompt import cap_fields, query_block, query_block_parts
+from acare_ray.scoring.prompt import ContextMemo, cap_fields, query_block, query_block_parts
 from acare_ray.scoring.untrusted import InertTokenizer, encode_documents
 
 
@@ -56,6 +56,7 @@ class CrossEncoderBackend(Backend):
         self._tokenizer = tokenizer
         self._inert = InertTokenizer(tokenizer)
         self.pair = PairLayout.of(self._inert)
+        self.memo = ContextMemo()
 
     @classmethod
     def load(cls, request: LoadRequest) -> CrossEncoderBackend:
@@ -85,9 +86,14 @@ class CrossEncoderBackend(Backend):
         return self._inert
 
     def context_ids(self, context: AgentContext, mode: Mode) -> list[int]:
-        """Ids of the mode's query block, fields capped on ids, user text inert."""
-        fields = cap_fields(self.inert, context.for_mode(mode), self.prompt.caps)
-        return self.inert.assemble(query_block_parts(mode, fields))
+        """Ids of the mode's query block, fields capped on ids, user text inert (tokenized once
+        per context: :class:`~acare_ray.scoring.prompt.ContextMemo`)."""
+
+        def make() -> list[int]:
+            fields = cap_fields(self.inert, context.for_mode(mode), self.prompt.caps)
+            return self.inert.assemble(query_block_parts(mode, fields))
+
+        return self.memo.ids(context, mode, make)
 
     def context_text(self, context: AgentContext, mode: Mode) -> str:
         """Display text of the query block (cut fields shown decoded)."""

@@ -16,7 +16,9 @@ field over its cap is cut on token ids (never decoded and tokenized again).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from string import Formatter
 from typing import Any
@@ -160,6 +162,40 @@ def query_block_parts(mode: Mode, fields: dict[str, CappedField]) -> list[Part]:
     return parts
 
 
+class ContextMemo:
+    """The token ids of the last few contexts a backend tokenized, so a request's context is
+    tokenized once: a server's token accounting asks for them before scoring and the scorer
+    reads them again; an agent's next search with the same context is not tokenized at all.
+
+    Bounded by ``entries`` and by key size (a context of more than ``max_chars`` characters is
+    not kept). Thread-safe. Each call returns a new list, so a caller may change it.
+    """
+
+    def __init__(self, entries: int = 64, max_chars: int = 1 << 16) -> None:
+        self.entries = entries
+        self.max_chars = max_chars
+        self._ids: OrderedDict[tuple[AgentContext, Mode], tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def ids(self, context: AgentContext, mode: Mode, make: Callable[[], list[int]]) -> list[int]:
+        """The ids of ``(context, mode)``: remembered, else ``make()`` (an error is not kept)."""
+        key = (context, mode)
+        with self._lock:
+            found = self._ids.get(key)
+            if found is not None:
+                self._ids.move_to_end(key)
+                return list(found)
+        ids = make()
+        size = sum(len(f) for f in (context.sub_query, context.question, context.reasoning,
+                                    context.instruction) if f)  # fmt: skip
+        if size <= self.max_chars and self.entries > 0:
+            with self._lock:
+                self._ids[key] = tuple(ids)
+                while len(self._ids) > self.entries:
+                    self._ids.popitem(last=False)
+        return list(ids)
+
+
 class PromptEncoder:
     """Turns (context, documents) into token ids: capped fields, shared prefix, truncated documents.
 
@@ -178,6 +214,7 @@ class PromptEncoder:
         self.suffix_ids: list[int] = self.inert.check_template(tokenizer, SUFFIX)
         self.yes_id = single_token_id(tokenizer, YES_TOKEN)
         self.no_id = single_token_id(tokenizer, NO_TOKEN)
+        self.memo = ContextMemo()
 
     def capped(self, context: AgentContext) -> AgentContext:
         """``context`` with each field cut to its token cap, as display text (reasoning keeps
@@ -218,7 +255,11 @@ class PromptEncoder:
         return f"{self.prefix_text(context, mode)} {document}{SUFFIX}"
 
     def prefix_ids(self, context: AgentContext, mode: Mode) -> list[int]:
-        ids = self.inert.assemble(self.prefix_parts(context, mode))
+        """The prompt's ids up to and including ``<Document>:`` (tokenized once per context:
+        :class:`ContextMemo`); FieldError when no document would fit beside it."""
+        ids = self.memo.ids(
+            context, mode, lambda: self.inert.assemble(self.prefix_parts(context, mode))
+        )
         if len(ids) + len(self.suffix_ids) >= self.config.max_length:
             message = (
                 f"prompt without document is {len(ids) + len(self.suffix_ids)} tokens, "

@@ -46,7 +46,6 @@ from acare_ray.scoring.context import (
     AgentContext,
     FieldError,
     Mode,
-    missing_field_error,
     parse_mode,
 )
 from acare_ray.scoring.untrusted import Document, TokenizedDocument
@@ -203,11 +202,10 @@ class Scorer:
         again."""
         ready = []
         for context, mode, documents in searches:
-            if parse_mode(mode) == AUTO:
-                raise FieldError("mode", "must be a concrete mode (M0-M3) here, not auto")
-            mode = Mode(mode)
-            if missing := context.missing_field(mode):
-                raise missing_field_error(mode, missing)
+            if not isinstance(mode, Mode):  # chosen already: a Mode, not a name to resolve
+                raise FieldError("mode", f"must be a concrete mode (a Mode) here, got {mode!r}")
+            # A field the mode reads but the context lacks is refused where the prompt is
+            # built (missing_field_error), the one place that reads the fields.
             ready.append((context.for_mode(mode), mode, check_documents(documents)))
         return self._score(ready, cancel)
 

@@ -411,3 +411,56 @@ def test_every_route_answers_one_relevance_and_says_how_it_was_made(
     scores = {docs[r["index"]]: r["score"] for r in raw["/score"].json()["data"]}
     for doc, hit in zip(docs, hits):
         assert scores[doc] == pytest.approx(hit["score"], abs=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["causal", "cross_encoder"])
+def test_one_request_resolves_its_mode_once_and_tokenizes_its_context_once(
+    backend, tiny_scorer, minilm_scorer, index_dir, monkeypatch
+):
+    """On every protocol a request's mode is resolved once (the service) and its context
+    tokenized once (the token accounting; the scorer reuses those ids), with nothing cached
+    from an earlier request: each request carries a context no other request has."""
+    import acare_ray.online.service as service_module
+    import acare_ray.scoring.scorer as scorer_module
+
+    scorer = tiny_scorer if backend == "causal" else minilm_scorer
+    backend_object = scorer.backend
+    memo = backend_object.encoder.memo if backend == "causal" else backend_object.memo
+    client, received = make_app(scorer, index_dir)
+    counts = {"parse_mode": 0, "tokenized": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for module in (service_module, scorer_module):
+        if hasattr(module, "parse_mode"):
+            monkeypatch.setattr(module, "parse_mode", counting("parse_mode", module.parse_mode))
+    real_ids = memo.ids
+
+    def ids(context, mode, make):
+        return real_ids(context, mode, counting("tokenized", make))
+
+    monkeypatch.setattr(memo, "ids", ids)
+    docs = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
+    requests = {
+        "/v1/rerank": lambda c: {"query": QUERY, "documents": docs, **c},
+        "/v2/rerank": lambda c: {"query": QUERY, "documents": docs, **c},
+        "/rerank": lambda c: {"query": QUERY, "texts": docs, **c},
+        "/score": lambda c: {"text_1": QUERY, "text_2": docs, **c},
+        "/v1/search": lambda c: {"query": QUERY, "top_k": 3, **c},
+    }
+    for i, (route, body) in enumerate(requests.items()):
+        context = {"original_question": f"{QUESTION} ({backend} {i})", "reasoning": REASONING}
+        counts.update(parse_mode=0, tokenized=0)
+        answer = client.post(route, json=body(context))
+        assert answer.status_code == 200, (route, answer.text)
+        assert counts == {"parse_mode": 1, "tokenized": 1}, route
+        assert received[-1].mode.value == "M3"
+    # the memo is what made it once: the same context again is not tokenized at all
+    counts.update(parse_mode=0, tokenized=0)
+    assert client.post("/v2/rerank", json=requests["/v2/rerank"](context)).status_code == 200
+    assert counts == {"parse_mode": 1, "tokenized": 0}

@@ -9,11 +9,11 @@ for the module; every client below is the real package, pointed at it by URL and
 - LlamaIndex: ``llama-index-postprocessor-cohere-rerank``'s ``CohereRerank`` and
   ``llama-index-postprocessor-tei-rerank``'s ``TextEmbeddingInference``;
 - the ``cohere`` SDK, ``Client`` (v1) and ``ClientV2`` (v2), here with a key (the unkeyed app of
-  tests/online/test_serve.py checks their fields, documents and usage).
+  tests/online/test_serve_protocols.py checks their fields, documents and usage).
 
 Each test compares what the client returns (order, indices, scores, counts, the objects it
 builds) with a direct HTTP call to the same route, so a client that dropped, reordered or
-misread a field fails. The tei-client package is tested in tests/online/test_serve.py.
+misread a field fails. The tei-client package is tested in tests/online/test_serve_protocols.py.
 """
 
 from __future__ import annotations

@@ -130,3 +130,36 @@ def test_long_document_is_truncated_and_the_suffix_kept(tokenizer):
     (doc,) = encoder.document_ids(["word " * 1_000_000], [budget])
     assert len(prefix) + len(doc) + len(encoder.suffix_ids) == 512
     assert doc == tokenizer(" " + "word " * 2000, add_special_tokens=False)["input_ids"][:budget]
+
+
+def test_the_context_memo_is_bounded_and_hands_out_copies():
+    from acare_ray.scoring.prompt import ContextMemo
+
+    memo = ContextMemo(entries=2, max_chars=50)
+    made = []
+
+    def make(value):
+        def inner():
+            made.append(value)
+            return [value]
+
+        return inner
+
+    a, b, c = (AgentContext(q) for q in ("a", "b", "c"))
+    first = memo.ids(a, Mode.M0, make(1))
+    first.append(99)  # a caller's change stays its own
+    assert memo.ids(a, Mode.M0, make(2)) == [1] and made == [1]
+    assert memo.ids(a, Mode.M1, make(3)) == [3]  # the mode is part of the key
+    memo.ids(b, Mode.M0, make(4))  # two entries at most: (a, M0) is the oldest and goes
+    assert memo.ids(a, Mode.M0, make(5)) == [5] and made == [1, 3, 4, 5]
+    long = AgentContext("x" * 51)
+    memo.ids(long, Mode.M0, make(6))
+    memo.ids(long, Mode.M0, make(7))  # longer than max_chars: never kept
+    assert made[-2:] == [6, 7]
+
+    def fails():
+        raise ValueError("too long")
+
+    with pytest.raises(ValueError):
+        memo.ids(c, Mode.M0, fails)
+    assert memo.ids(c, Mode.M0, make(8)) == [8]  # an error is not kept
