@@ -1,5 +1,6 @@
 """The published recipe: ``acare adopt`` with the committed config for our data, one seed, its
-report copied into ``benchmarks/results/adopt-seed<seed>.{md,json}``.
+report copied into ``benchmarks/results/<name>-seed<seed>.{md,json}`` (``--name``, default
+``adopt``).
 
     RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.recipe_all --seed 0
 
@@ -28,10 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stages", default=None, help="passed to acare adopt (default: all)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument(
+        "--name",
+        default="adopt",
+        help="file prefix: <name>-seed<seed>.{md,json,png} and <name>-seeds.{md,json}",
+    )
+    parser.add_argument(
         "--summarize",
         default=None,
         metavar="0,1,2",
-        help="run nothing: acare adopt --summarize-seeds, copied to adopt-seeds.{md,json}",
+        help="run nothing: acare adopt --summarize-seeds, copied to <name>-seeds.{md,json}",
     )
     return parser
 
@@ -57,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if (seed_dir / "report.md").exists():
         text = (seed_dir / "report.md").read_text().replace(f"{REPO}/", "")
-        (out / f"adopt-seed{args.seed}.md").write_text(text)
+        (out / f"{args.name}-seed{args.seed}.md").write_text(text)
         if (seed_dir / "report.png").exists():
-            shutil.copyfile(seed_dir / "report.png", out / f"adopt-seed{args.seed}.png")
+            shutil.copyfile(seed_dir / "report.png", out / f"{args.name}-seed{args.seed}.png")
         stages = {}
         for stage in ("data", "baseline"):
             path = config.work / f"{stage}.json"
@@ -68,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         for path in sorted(seed_dir.glob("*.json")):
             stages[path.stem] = json.loads(path.read_text())
         record = {"command": "acare " + " ".join(command), **stages}
-        dump_json(record, out / f"adopt-seed{args.seed}.json")  # repository paths relative
+        dump_json(record, out / f"{args.name}-seed{args.seed}.json")  # repository paths relative
     return 0
 
 
 def summarize(args: argparse.Namespace) -> int:
-    """``acare adopt --summarize-seeds``, its files copied to ``adopt-seeds.{md,json}``."""
+    """``acare adopt --summarize-seeds``, its files copied to ``<name>-seeds.{md,json}``."""
     from acare_ray.adopt.config import AdoptConfig
     from acare_ray.cli import main as acare
 
@@ -86,8 +92,8 @@ def summarize(args: argparse.Namespace) -> int:
     from benchmarks.report import REPO, dump_json
 
     text = (work / "seeds.md").read_text().replace(f"{REPO}/", "")
-    (out / "adopt-seeds.md").write_text(text)
-    dump_json(json.loads((work / "seeds.json").read_text()), out / "adopt-seeds.json")
+    (out / f"{args.name}-seeds.md").write_text(text)
+    dump_json(json.loads((work / "seeds.json").read_text()), out / f"{args.name}-seeds.json")
     return 0
 
 

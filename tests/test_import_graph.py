@@ -143,3 +143,30 @@ def test_no_two_public_classes_or_functions_share_a_name():
         n: where for n, where in defined.items() if len(where) > 1 and n not in PROTOCOL_NAMES
     }
     assert shared == {}
+
+
+def test_every_name_imported_from_the_package_exists():
+    """Imports inside functions run late (a report stage an hour into a run): each name any
+    module, test or benchmark takes from an ``acare_ray`` module must be there now."""
+    import importlib
+
+    roots = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
+    missing = []
+    for root in roots:
+        for file in root.rglob("*.py"):
+            if "fixtures" in file.parts:
+                continue
+            for node in ast.walk(ast.parse(file.read_text())):
+                if not isinstance(node, ast.ImportFrom) or node.level:
+                    continue
+                if not (node.module or "").startswith("acare_ray"):
+                    continue
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if alias.name == "*" or hasattr(module, alias.name):
+                        continue
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ModuleNotFoundError:
+                        missing.append(f"{file.name}: from {node.module} import {alias.name}")
+    assert missing == []

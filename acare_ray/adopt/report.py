@@ -213,9 +213,16 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
         caps = ", ".join(f"{k} {v:.0%}" for k, v in cost["fields_at_cap"].items())
         lines += ["", f"Searches whose M3 prompt has a field cut at its token cap: {caps}."]
     if loop:
-        from acare_ray.agent.bench import format_table
+        from acare_ray.agent.bench import format_bench_table
 
-        lines += ["", "## Agent loop", "", f"`{loop['command']}`", "", format_table(loop["report"])]
+        lines += [
+            "",
+            "## Agent loop",
+            "",
+            f"`{loop['command']}`",
+            "",
+            format_bench_table(loop["report"]),
+        ]
     return "\n".join(lines) + "\n"
 
 
