@@ -38,7 +38,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from scipy.special import expit
 
 from acare_ray.online.fusion_fields import FirstStageFields, FusedScores
 from acare_ray.online.service import RerankInput, ScoringJob
@@ -417,24 +416,6 @@ class TeiRank(BaseModel):
     text: str | None = None
 
 
-def relevance(scores: np.ndarray) -> np.ndarray:
-    """0..1 relevance from log-odds (float64, no overflow at either end)."""
-    return expit(np.asarray(scores, dtype=np.float64))
-
-
-def _relevance(
-    scores: np.ndarray, raw: bool, calibrated: tuple[np.ndarray, bool] | None
-) -> tuple[np.ndarray, str]:
-    """The 0..1 values a response answers and how they were made (``raw``, ``calibrated``,
-    ``sigmoid``)."""
-    if raw:
-        return np.asarray(scores, dtype=np.float64), "raw"
-    if calibrated is not None:
-        values, is_calibrated = calibrated
-        return values, "calibrated" if is_calibrated else "sigmoid"
-    return relevance(scores), "sigmoid"
-
-
 def truncation_warnings(job: ScoringJob, field: str) -> list[str] | None:
     """Say which documents and which context fields were cut, so truncation is never silent."""
     warnings = [f"{name} cut to its cap of {cap} tokens" for name, cap in job.cut_fields]
@@ -455,15 +436,14 @@ def cohere_response(
     model: str,
     tokens: int = 0,
     fused: FusedScores | None = None,
-    calibrated: tuple[np.ndarray, bool] | None = None,
+    relevance: tuple[np.ndarray, str],
 ) -> RerankResponse:
     """``fused``: the request's fusion (:func:`~acare_ray.online.fusion_fields.fuse_request`);
-    None answers by log-odds alone, as without the first-stage fields. ``calibrated``: the
-    model's 0..1 relevance of ``scores`` and whether it is calibrated
-    (:meth:`RerankService.relevance`); None: sigmoid."""
+    None answers by log-odds alone, as without the first-stage fields. ``relevance``: the
+    value each document answers and how it was made (``calibrated``, ``sigmoid``, ``raw``), by
+    the one rule of every route (:func:`acare_ray.online.http.relevance_of`)."""
     order = rank_order(scores, request.top_n) if fused is None else fused.top(request.top_n)
-    raw = getattr(request, "use_activation", None) is False
-    probabilities, made = _relevance(scores, raw, calibrated)
+    probabilities, made = relevance
     results = [
         RerankResult(
             index=int(i),
@@ -494,10 +474,11 @@ def cohere_response(
 def tei_response(
     request: TeiRerankRequest,
     scores: np.ndarray,
+    values: np.ndarray,
     fused: FusedScores | None = None,
-    calibrated: tuple[np.ndarray, bool] | None = None,
 ) -> list[TeiRank]:
-    values, _ = _relevance(scores, request.raw_scores, calibrated)
+    """TEI's answer, best first by log-odds (or the fusion); ``values``: what each text answers
+    (:func:`acare_ray.online.http.relevance_of`)."""
     return [
         TeiRank(
             index=int(i),

@@ -353,7 +353,7 @@ class _Scoring:
         served, job, scores, tokens = await self.run_on(
             self.router.catalog.default, search, request, response
         )
-        values, _ = _relevance(served, job, scores, response)
+        values, _ = relevance_of(served, job, scores, response)
         return job, scores, tokens, values
 
     async def run_on(
@@ -414,19 +414,20 @@ def _fused(
     return out
 
 
-def _relevance(
+def relevance_of(
     served: Served, job: ScoringJob, scores: np.ndarray, response: Response, raw: bool = False
-) -> tuple[np.ndarray, bool]:
+) -> tuple[np.ndarray, str]:
     """The one relevance rule of every route: the model's 0..1 relevance of ``scores``
     (calibrated for the job's mode where the checkpoint has a calibration, else sigmoid), or the
     log-odds themselves when the request asks for ``raw`` values; said in ``x-acare-relevance``
     (``calibrated``, ``sigmoid``, ``raw``) as the body says it."""
     if raw:
-        response.headers["x-acare-relevance"] = "raw"
-        return np.asarray(scores, dtype=np.float64), False
-    values, calibrated = served.service.relevance(scores, job.mode)
-    response.headers["x-acare-relevance"] = "calibrated" if calibrated else "sigmoid"
-    return values, calibrated
+        values, made = np.asarray(scores, dtype=np.float64), "raw"
+    else:
+        values, calibrated = served.service.relevance(scores, job.mode)
+        made = "calibrated" if calibrated else "sigmoid"
+    response.headers["x-acare-relevance"] = made
+    return values, made
 
 
 def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
@@ -449,7 +450,7 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
             model=served.name,
             tokens=tokens,
             fused=_fused(body, scores, response, served),
-            calibrated=_relevance(
+            relevance=relevance_of(
                 served, job, scores, response, raw=getattr(body, "use_activation", None) is False
             ),
         )
@@ -486,7 +487,7 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
         values = np.empty(len(texts), dtype=np.float64)
         raw = body.use_activation is False
         for rows, (served, job, group_scores, _) in zip(groups.values(), runs):
-            values[rows] = _relevance(served, job, group_scores, response, raw)[0]
+            values[rows] = relevance_of(served, job, group_scores, response, raw)[0]
         tokens = sum(run[3] for run in runs)
         response.headers["x-acare-tokens"] = str(tokens)
         return ScoreResponse(
@@ -512,8 +513,8 @@ def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
             len(body.query) + sum(len(t) for t in body.texts)
         )
         response.headers["x-compute-time"] = response.headers["x-total-time"] = elapsed_ms
-        calibrated = _relevance(served, job, scores, response, raw=body.raw_scores)
-        return tei_response(body, scores, _fused(body, scores, response, served), calibrated)
+        values, _ = relevance_of(served, job, scores, response, raw=body.raw_scores)
+        return tei_response(body, scores, values, _fused(body, scores, response, served))
 
     # The body models are built per app (max_documents), so the annotations are set here.
     cohere_body = _with_max_items(CohereRerankRequest, "documents", max_documents)

@@ -12,7 +12,6 @@ from acare_ray.online.api import (
     CohereRerankRequest,
     TeiRerankRequest,
     cohere_response,
-    relevance,
     tei_response,
 )
 from acare_ray.online.service import ScoringJob
@@ -25,10 +24,17 @@ def job(n: int, truncated: tuple[int, ...] = ()) -> ScoringJob:
     )
 
 
-def test_relevance_is_the_sigmoid_of_log_odds_without_overflow():
+def test_relevance_is_the_sigmoid_of_log_odds_without_overflow(tiny_scorer):
+    """The one rule's uncalibrated case (a checkpoint without a calibration)."""
+    from acare_ray.online.service import RerankService
+    from acare_ray.scoring import Mode
+
+    service = RerankService(tiny_scorer, "tiny")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = relevance(np.array([-1000.0, -2.0, 0.0, 3.5, 1000.0], dtype=np.float32))
+        scores = np.array([-1000.0, -2.0, 0.0, 3.5, 1000.0], dtype=np.float32)
+        got, calibrated = service.relevance(scores, Mode.M3)
+    assert not calibrated
     want = [0.0, 1 / (1 + np.exp(2.0)), 0.5, 1 / (1 + np.exp(-3.5)), 1.0]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
 
@@ -71,21 +77,33 @@ def test_cohere_results_follow_log_odds_with_ties_in_input_order():
         query="q", documents=["a", "b", "c", "d"], top_n=3, return_documents=True
     )
     scores = np.array([0.5, 2.0, 0.5, -1.0], dtype=np.float32)
-    out = cohere_response(body, job(4, (2,)), scores, request_id="r", version="2", model="m")
+    values = np.array([0.1, 0.2, 0.3, 0.4])  # whatever the route's rule made: placed, not remade
+    out = cohere_response(
+        body,
+        job(4, (2,)),
+        scores,
+        request_id="r",
+        version="2",
+        model="m",
+        relevance=(values, "calibrated"),
+    )
     assert [r.index for r in out.results] == [1, 0, 2]
     assert [r.document for r in out.results] == [{"text": "b"}, {"text": "a"}, {"text": "c"}]
-    assert out.results[0].relevance_score == pytest.approx(1 / (1 + np.exp(-2.0)))
+    assert [r.relevance_score for r in out.results] == [0.2, 0.1, 0.3]
+    assert out.meta.relevance == "calibrated"
     assert out.meta.mode == "M0" and out.meta.api_version.version == "2"
     assert out.meta.warnings == ["truncated to 5 tokens: documents[2]"]
 
 
-def test_tei_scores_are_sigmoid_unless_raw_and_direction_is_case_insensitive():
+def test_tei_answers_order_by_log_odds_and_direction_is_case_insensitive():
     scores = np.array([-1.0, 3.0], dtype=np.float32)
-    plain = tei_response(TeiRerankRequest(query="q", texts=["a", "b"]), scores)
-    assert [(r.index, r.text) for r in plain] == [(1, None), (0, None)]
-    assert plain[0].score == pytest.approx(1 / (1 + np.exp(-3.0)))
+    values = np.array([0.25, 0.75])  # the route's relevance, placed as given
+    plain = tei_response(TeiRerankRequest(query="q", texts=["a", "b"]), scores, values)
+    assert [(r.index, r.score, r.text) for r in plain] == [(1, 0.75, None), (0, 0.25, None)]
     raw = tei_response(
-        TeiRerankRequest(query="q", texts=["a", "b"], raw_scores=True, return_text=True), scores
+        TeiRerankRequest(query="q", texts=["a", "b"], raw_scores=True, return_text=True),
+        scores,
+        scores.astype(np.float64),
     )
     assert [(r.score, r.text) for r in raw] == [(3.0, "b"), (-1.0, "a")]
     assert TeiRerankRequest(query="q", texts=[], truncation_direction="Left").search().keep_end
