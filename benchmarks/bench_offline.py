@@ -33,7 +33,7 @@ from pathlib import Path
 
 from acare_ray.scoring import DEFAULT_MODEL
 from benchmarks.cluster_bench import start_ray
-from benchmarks.report import machine, write_report
+from benchmarks.report import REPO, machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -202,11 +202,12 @@ def measure_one(args: argparse.Namespace) -> dict:
 
 
 def run_subprocess(args: argparse.Namespace, method: str, input_path: Path) -> dict:
-    argv = [sys.executable, __file__, "--one", method, "--input", str(input_path)]
+    argv = [sys.executable, "-m", "benchmarks.bench_offline", "--one", method]
+    argv += ["--input", str(input_path)]
     for flag in ("model", "mode", "batch_size", "actors", "threads", "ray_cpus", "rows_per_file"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{method} on {input_path} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

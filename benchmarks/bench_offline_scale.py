@@ -45,7 +45,7 @@ from pathlib import Path
 
 from benchmarks.bench_offline import TreeMemory, _children, make_input, plain_loop
 from benchmarks.cluster_bench import start_ray
-from benchmarks.report import machine, write_report
+from benchmarks.report import REPO, machine, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENV = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TOKENIZERS_PARALLELISM="false")
@@ -165,7 +165,8 @@ def measure_one(args: argparse.Namespace) -> dict:
 
 
 def argv_for(args: argparse.Namespace, method: str, input_path: Path, output: Path) -> list[str]:
-    argv = [sys.executable, __file__, "--one", method, "--input", str(input_path)]
+    argv = [sys.executable, "-m", "benchmarks.bench_offline_scale", "--one", method]
+    argv += ["--input", str(input_path)]
     argv += ["--output", str(output)]
     for flag in ("model", "mode", "batch_size", "actors", "ray_cpus", "rows_per_file"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
@@ -176,7 +177,11 @@ def argv_for(args: argparse.Namespace, method: str, input_path: Path, output: Pa
 
 def run_subprocess(args: argparse.Namespace, method: str, input_path: Path, output: Path) -> dict:
     done = subprocess.run(
-        argv_for(args, method, input_path, output), capture_output=True, text=True, env=ENV
+        argv_for(args, method, input_path, output),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=REPO,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{method} on {input_path} failed:\n{done.stderr[-3000:]}")
@@ -243,6 +248,7 @@ def run_killing_actor(
     Returns the job's measurement and the rows committed when the actor was killed."""
     driver = subprocess.Popen(
         argv_for(args, "ray", input_path, output),
+        cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=ENV,
@@ -285,6 +291,7 @@ def kill_resume(args: argparse.Namespace, input_path: Path, work: Path) -> dict:
     output = work / "kill-driver"
     driver = subprocess.Popen(
         argv_for(args, "ray", input_path, output),
+        cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=ENV,

@@ -39,7 +39,10 @@ def export(revision: str, into: Path) -> Path:
 
 def bench(tree: Path, label: str, out: Path, args: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    command = [sys.executable, str(tree / "benchmarks" / "bench_scorer.py")]
+    if (tree / "benchmarks" / "__init__.py").exists():  # benchmarks/ as a package
+        command = [sys.executable, "-m", "benchmarks.bench_scorer"]
+    else:  # an older tree: its scripts import each other from their own folder
+        command = [sys.executable, str(tree / "benchmarks" / "bench_scorer.py")]
     command += [*args, "--out", str(out), "--name", label]
     subprocess.run(command, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
     found = sorted(out.glob(f"{label}*.json"))
