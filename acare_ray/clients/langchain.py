@@ -38,14 +38,23 @@ class AcareDocumentCompressor(BaseDocumentCompressor):
         """A copy with this step's ``question`` and ``reasoning``."""
         return self.model_copy(update={"question": question, "reasoning": reasoning})
 
-    def _fields(self, question: str | None, reasoning: str | None) -> dict[str, Any]:
-        return {
+    def _request(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        question: str | None,
+        reasoning: str | None,
+    ) -> tuple[tuple[str, list[str]], dict[str, Any]]:
+        """The client's ``rerank`` arguments: (query, texts) and the context fields, this
+        call's ``question``/``reasoning`` over the compressor's own."""
+        fields = {
             "original_question": question if question is not None else self.question,
             "reasoning": reasoning if reasoning is not None else self.reasoning,
             "top_n": self.top_n,
             "mode": self.mode,
             "instruction": self.instruction,
         }
+        return (query, [d.page_content for d in documents]), fields
 
     @staticmethod
     def _kept(documents: Sequence[Document], answer: Reranked) -> list[Document]:
@@ -69,9 +78,8 @@ class AcareDocumentCompressor(BaseDocumentCompressor):
             return []
         if self._client is None:
             self._client = AcareClient(self.endpoint, self.api_key, timeout_s=self.timeout_s)
-        texts = [d.page_content for d in documents]
-        answer = self._client.rerank(query, texts, **self._fields(question, reasoning))
-        return self._kept(documents, answer)
+        args, fields = self._request(documents, query, question, reasoning)
+        return self._kept(documents, self._client.rerank(*args, **fields))
 
     async def acompress_documents(
         self,
@@ -86,6 +94,5 @@ class AcareDocumentCompressor(BaseDocumentCompressor):
             return []
         if self._aclient is None:
             self._aclient = AsyncAcareClient(self.endpoint, self.api_key, timeout_s=self.timeout_s)
-        texts = [d.page_content for d in documents]
-        answer = await self._aclient.rerank(query, texts, **self._fields(question, reasoning))
-        return self._kept(documents, answer)
+        args, fields = self._request(documents, query, question, reasoning)
+        return self._kept(documents, await self._aclient.rerank(*args, **fields))

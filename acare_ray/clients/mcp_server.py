@@ -145,10 +145,11 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
     import httpx
 
     from acare_ray.clients.http_client import AsyncAcareClient
-    from acare_ray.online.http import client_of, inline_score, single_model_api
+    from acare_ray.online.http import single_model_api
     from acare_ray.online.models import short_model_name
     from acare_ray.online.search_routes import SearchSettings, search_routes
     from acare_ray.online.service import RerankService
+    from acare_ray.online.serving import client_of, inline_score
     from acare_ray.ranking.checkpoint_settings import read_calibration, read_fusion
     from acare_ray.scoring import Scorer
     from acare_ray.scoring.golden import read_golden
@@ -168,7 +169,6 @@ def in_process_client(model: str, index: str, device: str | None = None) -> Any:
         settings,
         max_documents=service.limits.max_documents,
         client_of=client_of,
-        fitted_fusion=fitted,
     )
     app = single_model_api(
         service, inline_score(service), extra_routes=routes, fitted_fusion=fitted

@@ -43,6 +43,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from ray import serve
@@ -58,7 +59,7 @@ from acare_ray.online.app_args import (
 from acare_ray.online.autoscaling import REFUSED, WAIT_SHARE_METRIC
 from acare_ray.online.batch_queue import BatchStats, Pending, batch_slots
 from acare_ray.online.errors import ClientError
-from acare_ray.online.http import Scored, create_api
+from acare_ray.online.http import create_api
 from acare_ray.online.metrics import BatchRecord, ServeMetrics
 from acare_ray.online.models import (
     Served,
@@ -66,7 +67,7 @@ from acare_ray.online.models import (
 )
 from acare_ray.online.replica_models import ModelSlot, ReplicaModels
 from acare_ray.online.service import Limits, RerankService, ScoringJob
-from acare_ray.scoring import Cancelled, Scorer
+from acare_ray.scoring import Cancelled, ScoredSearch, Scorer
 from acare_ray.scoring.golden import read_golden
 
 logger = logging.getLogger(__name__)
@@ -91,10 +92,7 @@ class Reranker:
         # What `fusion: auto` means for each model: the setting fitted for its checkpoint, read
         # once (a bad stored setting stops the replica before any model loads).
         fitted = {name: read_fusion(source.model) for name, source in catalog.sources.items()}
-        self.fitted_fusion = fitted[catalog.default]
-        self.search_routes = _search_routes(
-            config, sessions, max_documents=config.max_documents, fitted=self.fitted_fusion
-        )
+        self.search_routes = _search_routes(config, sessions, max_documents=config.max_documents)
         self.limits = Limits(
             max_documents=config.max_documents,
             max_body_bytes=config.max_body_bytes,
@@ -176,10 +174,10 @@ class Reranker:
         """Whether ``/health`` answers ok: the last health check passed."""
         return self._healthy
 
-    def add_routes(self, api: Any, run: Any) -> None:
+    def add_routes(self, api: Any, serving: Any) -> None:
         """``/v1/search`` and ``/v1/sessions`` on the default model (when configured)."""
         if self.search_routes is not None:
-            self.search_routes(api, run)
+            self.search_routes(api, serving)
 
     async def check_health(self) -> None:
         """Serve's health check: one tiny forward pass on the model thread (after the running
@@ -241,7 +239,7 @@ class Reranker:
             if pending.model is not None:
                 pending.model.drop()
 
-    async def score(self, job: ScoringJob, client: str, model: ModelSlot) -> Scored:
+    async def score(self, job: ScoringJob, client: str, model: ModelSlot) -> ScoredSearch:
         """Score ``job`` (prepared by ``model``'s tokenizer) with ``model``; the model stays
         loaded until the batch holding the job has really stopped."""
         decision = self.admission.admit(job.bound, client)
@@ -348,18 +346,15 @@ class Reranker:
             )
         self.stats.record(len(items))
         results = [by_item.get(id(item), Cancelled("cancelled before scoring")) for item in items]
-        return [
-            r if isinstance(r, Exception) else Scored(r.scores, r.tokens, len(items))
-            for r in results
-        ]
+        return [r if isinstance(r, Exception) else replace(r, batch=len(items)) for r in results]
 
 
-def _search_routes(config: AppArgs, sessions: Any, max_documents: int, fitted: Any = None):
+def _search_routes(config: AppArgs, sessions: Any, max_documents: int):
     """The ``/v1/search`` routes when ``search`` is configured (else None)."""
     if config.search is None:
         return None
-    from acare_ray.online.http import client_of
     from acare_ray.online.search_routes import HandleSessions, SearchSettings, search_routes
+    from acare_ray.online.serving import client_of
 
     settings = SearchSettings.model_validate(config.search)
     context = serve.get_replica_context()
@@ -370,7 +365,6 @@ def _search_routes(config: AppArgs, sessions: Any, max_documents: int, fitted: A
         max_documents=max_documents,
         client_of=client_of,
         replica=context.replica_id.unique_id if context else None,
-        fitted_fusion=fitted,
     )
 
 

@@ -27,6 +27,7 @@ used is in the ``x-acare-fusion`` header and, on the Cohere shapes, ``meta.fusio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
@@ -110,6 +111,14 @@ class FirstStageFields(BaseModel):
             return None
         return resolve_fusion(self.fusion, fitted)
 
+    def fused(self, scores: np.ndarray, fitted: FusionConfig | None) -> FusedScores | None:
+        """Fuse the log-odds (input order) with this request's first stage; None without one
+        (:class:`~acare_ray.online.serving.Fusable`)."""
+        config = self.fusion_setting(fitted)
+        if config is None:
+            return None
+        return FusedScores(config, fuse(scores, config, self.first_stage_scores))
+
 
 @dataclass(frozen=True)
 class FusedScores:
@@ -129,11 +138,21 @@ class FusedScores:
         return int(self.fused.first_stage_rank[index])
 
 
-def fuse_request(
-    request: FirstStageFields, scores: np.ndarray, fitted: FusionConfig | None
-) -> FusedScores | None:
-    """Fuse a request's log-odds (input order) with its first stage; None without one."""
-    config = request.fusion_setting(fitted)
-    if config is None:
-        return None
-    return FusedScores(config, fuse(scores, config, request.first_stage_scores))
+@dataclass(frozen=True)
+class RankedFirstStage:
+    """A first stage known by its own scores and ranks (``/v1/search``'s candidates, in
+    candidate order) and the request's ``fusion`` (None or ``auto``: the answering checkpoint's
+    fitted setting), as the serving object fuses it (:class:`~acare_ray.online.serving.Fusable`).
+    Always fused: ``none`` is the reranker's order with ties by first-stage rank (the one tie
+    rule of :func:`acare_ray.ranking.fusion.fuse`)."""
+
+    scores: Sequence[float | None]
+    ranks: Sequence[int]
+    fusion: str | None = None
+
+    def fused(self, scores: np.ndarray, fitted: FusionConfig | None) -> FusedScores:
+        config = resolve_fusion(self.fusion, fitted)
+        return FusedScores(
+            config,
+            fuse(scores, config, first_stage_scores=self.scores, first_stage_ranks_=self.ranks),
+        )

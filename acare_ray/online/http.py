@@ -1,4 +1,5 @@
-"""The FastAPI app: routes, the request gate (bearer key, body size) and error bodies.
+"""The FastAPI app: the request gate (bearer key, body size), error bodies, the info routes,
+and the replica the routes call (the rerank routes themselves: :mod:`acare_ray.online.routes`).
 
 :func:`create_api` builds the app around one :class:`Replica` object the routes call: the
 served models (each with its own ``score`` coroutine; in Serve, the deployment's batching
@@ -34,52 +35,24 @@ import asyncio
 import hmac
 import importlib.metadata
 import time
-import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
-import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, create_model
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from acare_ray.online.admission import Overloaded
-from acare_ray.online.api import (
-    COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC,
-    CohereRerankRequest,
-    RerankResponse,
-    ScoreData,
-    ScoreRequest,
-    ScoreResponse,
-    ScoreUsage,
-    TeiRank,
-    TeiRerankRequest,
-    V1RerankRequest,
-    cohere_response,
-    tei_response,
-)
 from acare_ray.online.errors import ClientError, bounded
-from acare_ray.online.fusion_fields import FirstStageFields, FusedScores, fuse_request
-from acare_ray.online.metrics import MODE_STATE, MODEL_STATE, Recorder, RequestMetrics
-from acare_ray.online.models import (
-    ModelRouter,
-    Served,
-    StaticModels,
-    UnknownModel,
-    header_model,
-)
-from acare_ray.online.service import (
-    Limits,
-    RerankInput,
-    RerankService,
-    ScoringJob,
-    scoring_refusal,
-)
+from acare_ray.online.metrics import Recorder, RequestMetrics
+from acare_ray.online.models import ModelRouter, ScoreFn, StaticModels, UnknownModel
+from acare_ray.online.protocols.tei import EmptyTexts, tei_error_fields
+from acare_ray.online.routes import rerank_routes
+from acare_ray.online.service import Limits, RerankService
+from acare_ray.online.serving import CLIENT_STATE, RerankServing
 from acare_ray.ranking.fusion import FusionConfig
 
 CREATED = int(time.time())
@@ -87,43 +60,6 @@ OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "
 RERANK_PATHS = frozenset(
     {"/v1/rerank", "/v2/rerank", "/rerank", "/v1/search", "/score", "/v1/score"}
 )
-# Where the Gate leaves the client's identity for the routes (admission's fair share).
-CLIENT_STATE = "acare_client"
-# Header values behind common ingresses must stay well below their 4-8 KB header limits.
-MAX_TRUNCATED_LISTED = 100
-
-
-def client_of(request: Request) -> str:
-    """The client identity the :class:`Gate` found for ``request`` (admission, sessions)."""
-    return request.scope.get("state", {}).get(CLIENT_STATE, "anonymous")
-
-
-@dataclass(frozen=True)
-class Scored:
-    """Scores of one job (log-odds, input order), the tokens the model computed for it (the
-    usage answered) and how many requests its batch held."""
-
-    scores: np.ndarray
-    tokens: int
-    batch_requests: int = 1
-
-
-ScoreFn = Callable[[ScoringJob, str], Awaitable[Scored]]
-
-
-def inline_score(service: RerankService) -> ScoreFn:
-    """A ``score`` for an app without batching or admission (the MCP server's; tests): each job
-    scored alone on a worker thread; a job the service answers with an error raises it."""
-
-    async def score(job: ScoringJob, client: str) -> Scored:
-        (out,) = await asyncio.to_thread(service.score, [job])
-        if isinstance(out, Exception):
-            raise out
-        return Scored(out.scores, out.tokens)
-
-    return score
-
-
 ScreenFn = Callable[[str], Overloaded | None]
 
 
@@ -135,24 +71,11 @@ def parse_keys(value: str | None) -> tuple[str, ...]:
     return tuple(k.strip() for k in value.replace(",", "\n").splitlines() if k.strip())
 
 
-# text-embeddings-inference's error types (its ErrorResponse), by our status on its routes.
-TEI_PATHS = frozenset({"/rerank"})
-_TEI_ERROR_TYPE = {400: "empty", 429: "overloaded", 503: "overloaded", 504: "backend"}
-
-
-def _tei_fields(path: str, status: int, message: str, kind: str | None = None) -> dict[str, str]:
-    """On a TEI route, TEI's ``{error, error_type}`` beside our ``message``: TEI clients read
-    ``error``. Other routes: nothing."""
-    if path not in TEI_PATHS:
-        return {}
-    return {"error": message, "error_type": kind or _TEI_ERROR_TYPE.get(status, "validation")}
-
-
 def _json_error(
     status: int, message: str, headers: dict[str, str] | None = None, path: str = ""
 ) -> JSONResponse:
     text = bounded(message)
-    body = {"message": text, **_tei_fields(path, status, text)}
+    body = {"message": text, **tei_error_fields(path, status, text)}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -285,7 +208,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
             {"field": field, "message": message if whole_body else f"{field}: {message}"}
         )
     text = bounded("; ".join(p["message"] for p in problems), 1000)
-    tei = _tei_fields(_route_path(request.scope), status, text)
+    tei = tei_error_fields(_route_path(request.scope), status, text)
     return JSONResponse({"message": text, "errors": problems, **tei}, status_code=status)
 
 
@@ -301,20 +224,13 @@ async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
     return _overloaded_response(exc, _route_path(request.scope))
 
 
-class EmptyTexts(ClientError):
-    """TEI's answer to a rerank without texts: 400, ``error_type: empty``."""
-
-    def __init__(self) -> None:
-        super().__init__(400, "texts", "cannot be empty")
-
-
 async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
     path = _route_path(request.scope)
     if isinstance(exc, UnknownModel):  # its body lists the available models in full
         body = {"message": bounded(exc.message), **exc.body()}
-        return JSONResponse(body | _tei_fields(path, exc.status, body["message"]), exc.status)
+        return JSONResponse(body | tei_error_fields(path, exc.status, body["message"]), exc.status)
     if isinstance(exc, EmptyTexts):
-        body = {"message": exc.message, **_tei_fields(path, 400, "`texts` cannot be empty")}
+        body = {"message": exc.message, **tei_error_fields(path, 400, "`texts` cannot be empty")}
         return JSONResponse(body, status_code=400)
     return _json_error(exc.status, exc.message, path=path)
 
@@ -322,217 +238,6 @@ async def _client_error(request: Request, exc: ClientError) -> JSONResponse:
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     headers = getattr(exc, "headers", None)
     return _json_error(exc.status_code, str(exc.detail), headers, _route_path(request.scope))
-
-
-def _with_max_items(model: type[BaseModel], field: str, limit: int) -> type[BaseModel]:
-    """``model`` whose list ``field`` holds at most ``limit`` items (``maxItems`` in OpenAPI),
-    so ``max_documents`` is enforced while the body is validated."""
-    info = model.model_fields[field]
-    annotation = Annotated[info.annotation, Field(max_length=limit)]
-    return create_model(
-        model.__name__,
-        __base__=model,
-        __doc__=model.__doc__,
-        **{field: (annotation, Field(description=info.description))},
-    )
-
-
-@dataclass(frozen=True)
-class _Scoring:
-    """How the routes score a search: on one of ``router``'s models, through that model's own
-    ``score``, recording what was scored in ``metrics`` (if given)."""
-
-    router: ModelRouter
-    metrics: Recorder | None
-
-    async def run(
-        self, search: RerankInput, request: Request, response: Response
-    ) -> tuple[ScoringJob, np.ndarray, int, np.ndarray]:
-        """Prepare, score and count one search on the default model: (job, log-odds, tokens,
-        0..1 relevance by the model's rule, said in ``x-acare-relevance``)."""
-        served, job, scores, tokens = await self.run_on(
-            self.router.catalog.default, search, request, response
-        )
-        values, _ = relevance_of(served, job, scores, response)
-        return job, scores, tokens, values
-
-    async def run_on(
-        self, name: str, search: RerankInput, request: Request, response: Response
-    ) -> tuple[Served, ScoringJob, np.ndarray, int]:
-        """Prepare, score and count one search on model ``name``; the model stays loaded
-        until its tokens are counted (its tokenizer prepared the job)."""
-        async with self.router.use(name) as served:
-            job, scores, tokens = await self._score_on(served, search, request, response)
-        return served, job, scores, tokens
-
-    async def _score_on(
-        self, served: Served, search: RerankInput, request: Request, response: Response
-    ) -> tuple[ScoringJob, np.ndarray, int]:
-        service = served.service
-        if self.router.catalog.strict:  # a catalog of several models names the one that answered
-            response.headers["x-acare-model"] = served.name
-        if served.version is not None:  # every deployment: which checkpoint answered
-            response.headers["x-acare-model-version"] = served.version
-        job = await asyncio.to_thread(service.prepare, search)
-        response.headers["x-acare-mode"] = job.mode.value
-        state = request.scope.setdefault("state", {})
-        state[MODE_STATE], state[MODEL_STATE] = job.mode.value, served.name
-        if job.cut_fields:  # the query or its context cut to a cap: said, never silent
-            response.headers["x-acare-cut-fields"] = ",".join(n for n, _ in job.cut_fields)
-        if job.truncated:
-            listed = ",".join(map(str, job.truncated[:MAX_TRUNCATED_LISTED]))
-            more = len(job.truncated) - MAX_TRUNCATED_LISTED
-            response.headers["x-acare-truncated"] = listed + (f",+{more}" if more > 0 else "")
-            response.headers["x-acare-truncated-count"] = str(len(job.truncated))
-        if not job.documents:
-            response.headers["x-acare-tokens"] = "0"
-            return job, np.empty(0, dtype=np.float32), 0
-        try:
-            if served.score is None:
-                raise RuntimeError(f"model {served.name!r} has no way to score")
-            scored = await served.score(job, client_of(request))
-        except ValueError as err:  # the scorer refused the job: the client's field, as sent
-            raise scoring_refusal(search, err) from None
-        tokens = scored.tokens
-        response.headers["x-acare-batch-requests"] = str(scored.batch_requests)
-        response.headers["x-acare-tokens"] = str(tokens)
-        if self.metrics is not None:
-            self.metrics.scored(
-                served.name, job.mode.value, len(job.documents), tokens, len(job.truncated)
-            )
-        return job, scored.scores, tokens
-
-
-def _fused(
-    body: FirstStageFields, scores: np.ndarray, response: Response, served: Served
-) -> FusedScores | None:
-    """The request's fusion with its first stage (None without one: the raw-score response);
-    ``fusion: auto`` is the setting fitted for the model that answered."""
-    out = fuse_request(body, scores, served.fitted_fusion)
-    if out is not None:
-        response.headers["x-acare-fusion"] = out.config.label
-    return out
-
-
-def relevance_of(
-    served: Served, job: ScoringJob, scores: np.ndarray, response: Response, raw: bool = False
-) -> tuple[np.ndarray, str]:
-    """The one relevance rule of every route: the model's 0..1 relevance of ``scores``
-    (calibrated for the job's mode where the checkpoint has a calibration, else sigmoid), or the
-    log-odds themselves when the request asks for ``raw`` values; said in ``x-acare-relevance``
-    (``calibrated``, ``sigmoid``, ``raw``) as the body says it."""
-    if raw:
-        values, made = np.asarray(scores, dtype=np.float64), "raw"
-    else:
-        values, calibrated = served.service.relevance(scores, job.mode)
-        made = "calibrated" if calibrated else "sigmoid"
-    response.headers["x-acare-relevance"] = made
-    return values, made
-
-
-def _rerank_routes(api: FastAPI, scoring: _Scoring, max_documents: int) -> None:
-    """``/v1/rerank``, ``/v2/rerank`` (Cohere) and ``/rerank`` (TEI), their bodies holding at
-    most ``max_documents`` documents."""
-    catalog = scoring.router.catalog
-
-    async def cohere(body: CohereRerankRequest, request: Request, response: Response, version: str):
-        default = COHERE_V2_DEFAULT_MAX_TOKENS_PER_DOC if version == "2" else None
-        name = catalog.name_for(body.model, header_model(request.headers))
-        served, job, scores, tokens = await scoring.run_on(
-            name, body.search(default), request, response
-        )
-        return cohere_response(
-            body,
-            job,
-            scores,
-            request_id=str(uuid.uuid4()),
-            version=version,
-            model=served.name,
-            tokens=tokens,
-            fused=_fused(body, scores, response, served),
-            relevance=relevance_of(
-                served, job, scores, response, raw=getattr(body, "use_activation", None) is False
-            ),
-        )
-
-    async def rerank_v1(body, request: Request, response: Response) -> RerankResponse:
-        """Cohere v1 rerank, plus `original_question`, `reasoning`, `mode`."""
-        return await cohere(body, request, response, "1")
-
-    async def rerank_v2(body, request: Request, response: Response) -> RerankResponse:
-        """Cohere v2 rerank (`max_tokens_per_doc` defaults to 4096), plus the context fields."""
-        return await cohere(body, request, response, "2")
-
-    async def score_vllm(body, request: Request, response: Response) -> ScoreResponse:
-        """vLLM's score API: one query against several texts, or pairs; scores in input order,
-        sigmoid(log-odds) unless `use_activation` is false. Plus the context fields, which
-        apply to every pair. A run of pairs with the same query is scored as one search."""
-        name = catalog.name_for(body.model, header_model(request.headers))
-        _, second, queries, texts = body.pairs()
-        if len(texts) > max_documents:  # as on the rerank routes: bounded before any work
-            raise ClientError(
-                413, second, f"has {len(texts)} texts; at most {max_documents} per request"
-            )
-        groups: dict[str, list[int]] = {}
-        for i, query in enumerate(queries):
-            groups.setdefault(query, []).append(i)
-        searches = [
-            body.agent_search(query, [texts[i] for i in rows], documents_field=second)
-            for query, rows in groups.items()
-        ]
-        runs = await asyncio.gather(*(scoring.run_on(name, s, request, response) for s in searches))
-        scores = np.empty(len(texts), dtype=np.float64)
-        for rows, (_, _, group_scores, _) in zip(groups.values(), runs):
-            scores[rows] = group_scores
-        values = np.empty(len(texts), dtype=np.float64)
-        raw = body.use_activation is False
-        for rows, (served, job, group_scores, _) in zip(groups.values(), runs):
-            values[rows] = relevance_of(served, job, group_scores, response, raw)[0]
-        tokens = sum(run[3] for run in runs)
-        response.headers["x-acare-tokens"] = str(tokens)
-        return ScoreResponse(
-            id=f"score-{uuid.uuid4()}",
-            created=int(time.time()),
-            model=runs[0][0].name,
-            data=[ScoreData(index=i, score=float(v)) for i, v in enumerate(values)],
-            usage=ScoreUsage(prompt_tokens=tokens, total_tokens=tokens),
-        )
-
-    async def rerank_tei(body, request: Request, response: Response) -> list[TeiRank]:
-        """text-embeddings-inference rerank, plus the context fields. Sorted by score; the
-        tokens scored are in the `x-acare-tokens` and TEI's `x-compute-tokens` headers. As in
-        TEI, `model` and `top_n` are accepted and ignored, and empty `texts` is a 400."""
-        began = time.perf_counter()
-        if not body.texts:
-            raise EmptyTexts()
-        name = catalog.name_for(None, header_model(request.headers))
-        served, job, scores, tokens = await scoring.run_on(name, body.search(), request, response)
-        elapsed_ms = str(round(1e3 * (time.perf_counter() - began)))
-        response.headers["x-compute-tokens"] = str(tokens)
-        response.headers["x-compute-characters"] = str(
-            len(body.query) + sum(len(t) for t in body.texts)
-        )
-        response.headers["x-compute-time"] = response.headers["x-total-time"] = elapsed_ms
-        values, _ = relevance_of(served, job, scores, response, raw=body.raw_scores)
-        return tei_response(body, scores, values, _fused(body, scores, response, served))
-
-    # The body models are built per app (max_documents), so the annotations are set here.
-    cohere_body = _with_max_items(CohereRerankRequest, "documents", max_documents)
-    v1_body = _with_max_items(V1RerankRequest, "documents", max_documents)
-    tei_body = _with_max_items(TeiRerankRequest, "texts", max_documents)
-    for route, body_model in (
-        (rerank_v1, v1_body),
-        (rerank_v2, cohere_body),
-        (rerank_tei, tei_body),
-        (score_vllm, ScoreRequest),
-    ):
-        route.__annotations__["body"] = body_model
-    answers = {"response_model_exclude_none": True}
-    api.post("/v1/rerank", response_model=RerankResponse, **answers)(rerank_v1)
-    api.post("/v2/rerank", response_model=RerankResponse, **answers)(rerank_v2)
-    api.post("/rerank", response_model=list[TeiRank], **answers)(rerank_tei)
-    api.post("/score", response_model=ScoreResponse)(score_vllm)
-    api.post("/v1/score", response_model=ScoreResponse)(score_vllm)
 
 
 def _package_version() -> str:
@@ -643,8 +348,8 @@ class Replica(Protocol):
     def healthy(self) -> bool:
         """Whether ``/health`` answers ok (the last model check passed)."""
 
-    def add_routes(self, api: FastAPI, run: Callable[..., Awaitable[Any]]) -> None:
-        """More routes that score through ``run`` (``/v1/search``: the default model)."""
+    def add_routes(self, api: FastAPI, serving: RerankServing) -> None:
+        """More routes that rerank through ``serving`` (``/v1/search``, the sessions)."""
 
 
 class OneModel:
@@ -652,7 +357,7 @@ class OneModel:
     (batched by the caller if it wants; may raise :class:`Overloaded`): the app of the MCP
     server and of the tests. ``api_key``: one key or several (each a client of its own for
     fairness); ``fitted_fusion``: what ``fusion: auto`` means
-    (:mod:`acare_ray.online.fusion_fields`); ``extra_routes(app, run)`` adds routes;
+    (:mod:`acare_ray.online.fusion_fields`); ``extra_routes(app, serving)`` adds routes;
     ``metrics`` records requests and what they scored (:mod:`acare_ray.online.metrics`)."""
 
     def __init__(
@@ -665,7 +370,7 @@ class OneModel:
         screen: ScreenFn | None = None,
         healthy: Callable[[], bool] | None = None,
         fitted_fusion: FusionConfig | None = None,
-        extra_routes: Callable[[FastAPI, Callable[..., Awaitable[Any]]], None] | None = None,
+        extra_routes: Callable[[FastAPI, RerankServing], None] | None = None,
         metrics: Recorder | None = None,
     ) -> None:
         self.models = StaticModels.single(service, fitted_fusion, score)
@@ -684,9 +389,9 @@ class OneModel:
     def healthy(self) -> bool:
         return self._healthy() if self._healthy else True
 
-    def add_routes(self, api: FastAPI, run: Callable[..., Awaitable[Any]]) -> None:
+    def add_routes(self, api: FastAPI, serving: RerankServing) -> None:
         if self._extra_routes is not None:
-            self._extra_routes(api, run)
+            self._extra_routes(api, serving)
 
 
 def single_model_api(service: RerankService, score: ScoreFn | None, **options: Any) -> FastAPI:
@@ -719,9 +424,9 @@ def create_api(replica: Replica) -> FastAPI:
     api.add_exception_handler(Overloaded, _overloaded)
     api.add_exception_handler(HTTPException, _http_error)
     metrics = replica.metrics
-    scoring = _Scoring(models, metrics)
-    replica.add_routes(api, scoring.run)
-    _rerank_routes(api, scoring, limits.max_documents)
+    serving = RerankServing(models, metrics)
+    replica.add_routes(api, serving)
+    rerank_routes(api, serving, limits.max_documents)
     _info_routes(api, models, bool(keys), replica.status, replica.healthy, limits)
     if metrics is not None:  # outermost: sees what the gate refuses too
         paths = {getattr(route, "path", "") for route in api.routes}

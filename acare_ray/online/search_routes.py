@@ -2,8 +2,9 @@
 is configured (application args ``search:``, :class:`SearchSettings`).
 
 A search: the first stage's top ``first_stage_k`` for the sub-query -> the reranker scores them
-with the agent's context (one rerank job, admitted and batched like any rerank request) ->
-:func:`fuse_with_first_stage` (the request's ``fusion``, by default the setting fitted for the
+with the agent's context (through the serving object every rerank route calls, admitted and
+batched like any rerank request) ->
+:class:`~acare_ray.online.fusion_fields.RankedFirstStage` (the request's ``fusion``, by default the setting fitted for the
 served checkpoint) -> documents the session has not been shown yet first (the
 session's memory and the request's ``seen_ids``), each group in that order -> the first
 ``top_k``, which the session then remembers as seen.
@@ -18,19 +19,19 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
-import numpy as np
 from fastapi import FastAPI, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from acare_ray.online.api import AgentFields
 from acare_ray.online.errors import ClientError
-from acare_ray.online.fusion_fields import FusionSetting
-from acare_ray.online.service import RerankInput, ScoringJob
-from acare_ray.ranking.fusion import Fused, FusionConfig, fuse, resolve_fusion
+from acare_ray.online.fusion_fields import FusionSetting, RankedFirstStage
+from acare_ray.online.protocols.common import AgentFields
+from acare_ray.online.service import RerankInput
+from acare_ray.online.serving import RerankOutcome, RerankServing
+from acare_ray.ranking.fusion import Fused
 from acare_ray.search.first_stage import (
     BM25FirstStage,
     FirstStage,
@@ -40,10 +41,6 @@ from acare_ray.search.first_stage import (
 )
 from acare_ray.search.sessions import SessionLimits
 
-# (job, log-odds, tokens, 0..1 relevance by the served model's rule)
-RunFn = Callable[
-    [RerankInput, Request, Response], Awaitable[tuple[ScoringJob, np.ndarray, int, np.ndarray]]
-]
 MAX_SESSION_ID = 256
 MAX_SEEN_IDS = 10_000
 DEFAULT_TOP_K = 10
@@ -207,20 +204,6 @@ class SessionView(BaseModel):
     seen_ids: list[str] = Field(description="Doc ids returned to the session, oldest first.")
 
 
-def fuse_with_first_stage(
-    candidates: Sequence[FirstStageHit], scores: np.ndarray, config: FusionConfig
-) -> Fused:
-    """The served order of ``candidates`` given the reranker's ``scores`` (log-odds, candidate
-    order): :func:`acare_ray.ranking.fusion.fuse` with the first stage's ranks and scores (the one tie
-    rule; ``none`` is the reranker's order, ties by first-stage rank)."""
-    return fuse(
-        scores,
-        config,
-        first_stage_scores=[c.score for c in candidates],
-        first_stage_ranks_=[c.rank for c in candidates],
-    )
-
-
 def unseen_first(order: Sequence[int], doc_ids: Sequence[str], seen: set[str]) -> list[int]:
     """``order`` with the unseen documents first, each group keeping its order."""
     return [i for i in order if doc_ids[i] not in seen] + [i for i in order if doc_ids[i] in seen]
@@ -232,21 +215,20 @@ def _ms_since(started: float) -> float:
 
 def _hits(
     candidates: Sequence[FirstStageHit],
-    scores: np.ndarray,
-    probabilities: np.ndarray,
+    result: RerankOutcome,
     fused: Fused | None,
     served: Sequence[int],
     seen: set[str],
 ) -> list[SearchResultHit]:
-    """The ``served`` candidates as response hits (``probabilities``: the 0..1 relevance of
-    ``scores`` the model's rule gives; ``fused``: None when fusion is none)."""
+    """The ``served`` candidates as response hits, each with its log-odds and the relevance
+    the serving object made (``fused``: None when fusion is none)."""
     return [
         SearchResultHit(
             doc_id=candidates[i].doc_id,
             title=candidates[i].title,
             text=candidates[i].text,
-            score=float(scores[i]),
-            relevance_score=float(probabilities[i]),
+            score=float(result.scores[i]),
+            relevance_score=float(result.values[i]),
             first_stage_rank=candidates[i].rank,
             first_stage_score=candidates[i].score,
             fused_score=float(fused.values[i]) if fused is not None else None,
@@ -274,7 +256,7 @@ def _rerank_request(body: SearchRequest, candidates: Sequence[FirstStageHit]) ->
 @dataclass(frozen=True)
 class SearchRoutes:
     """The search and session routes, added to an app by calling this with the app and the
-    ``run`` that :func:`acare_ray.online.http.create_api` hands it."""
+    serving object :func:`acare_ray.online.http.create_api` hands it."""
 
     first_stage: FirstStage
     sessions: Sessions
@@ -283,7 +265,6 @@ class SearchRoutes:
     max_documents: int
     client_of: Callable[[Request], str]
     replica: str | None = None
-    fitted_fusion: FusionConfig | None = None
 
     def sizes(self, body: SearchRequest) -> tuple[int, int]:
         """``(top_k, first_stage_k)`` of a request, its defaults filled in; ClientError when
@@ -300,7 +281,7 @@ class SearchRoutes:
         return top_k, k
 
     async def search(
-        self, body: SearchRequest, request: Request, response: Response, run: RunFn
+        self, body: SearchRequest, request: Request, response: Response, serving: RerankServing
     ) -> SearchResponse:
         """First stage -> rerank with the agent's context -> unseen documents first."""
         top_k, k = self.sizes(body)
@@ -319,33 +300,36 @@ class SearchRoutes:
             seen.update(await self.sessions.seen(client, body.session_id))
         session_ms = _ms_since(started)
         started = time.perf_counter()
-        job, scores, tokens, probabilities = await run(
-            _rerank_request(body, candidates), request, response
+        result = await serving.rerank(
+            _rerank_request(body, candidates),
+            request,
+            first_stage=RankedFirstStage(
+                [c.score for c in candidates], [c.rank for c in candidates], body.fusion
+            ),
         )
         rerank_ms = _ms_since(started)
-        fusion = resolve_fusion(body.fusion, self.fitted_fusion)
-        fused = fuse_with_first_stage(candidates, scores, fusion)
-        response.headers["x-acare-fusion"] = fusion.label
+        response.headers.update(result.headers())
+        fused = result.fused
+        assert fused is not None  # a RankedFirstStage always fuses
         doc_ids = [c.doc_id for c in candidates]
-        served = unseen_first([int(i) for i in fused.order], doc_ids, seen)[:top_k]
-        hits = _hits(
-            candidates, scores, probabilities, fused if fusion.enabled else None, served, seen
-        )
+        served = unseen_first([int(i) for i in fused.fused.order], doc_ids, seen)[:top_k]
+        enabled = fused.fused if fused.config.enabled else None
+        hits = _hits(candidates, result, enabled, served, seen)
         if body.session_id is not None and hits:
             started = time.perf_counter()
             await self.sessions.remember(client, body.session_id, [h.doc_id for h in hits])
             session_ms += _ms_since(started)
         warnings = None
-        if job.truncated:
-            warnings = [f"{len(job.truncated)} candidates truncated to {job.limit} tokens"]
+        if result.truncated:
+            warnings = [f"{len(result.truncated)} candidates truncated to {result.limit} tokens"]
         return SearchResponse(
             id=str(uuid.uuid4()),
             session_id=body.session_id,
-            mode=job.mode.value,
-            fusion=fusion.label,
+            mode=result.mode.value,
+            fusion=fused.config.label,
             results=hits,
             usage=SearchUsage(
-                input_tokens=tokens,
+                input_tokens=result.tokens,
                 first_stage=self.first_stage.name,
                 candidates=len(candidates),
                 first_stage_ms=round(first_ms, 3),
@@ -355,13 +339,13 @@ class SearchRoutes:
             warnings=warnings,
         )
 
-    def __call__(self, api: FastAPI, run: RunFn) -> None:
+    def __call__(self, api: FastAPI, serving: RerankServing) -> None:
         sessions, client_of = self.sessions, self.client_of
 
         @api.post("/v1/search", response_model=SearchResponse, response_model_exclude_none=True)
         async def search(body: SearchRequest, request: Request, response: Response):
             """First stage -> rerank with the agent's context -> unseen documents first."""
-            return await self.search(body, request, response, run)
+            return await self.search(body, request, response, serving)
 
         session_path = Path(min_length=1, max_length=MAX_SESSION_ID)
 

@@ -51,10 +51,12 @@ Search = tuple[AgentContext, Mode, list[Document]]
 class ScoredSearch:
     """One search scored: float32 log-odds (documents in input order) and the tokens the model
     computed for it (:meth:`Backend.request_cost` of what was really scored: the shared prefix
-    once on the causal backend, every pair whole on a cross-encoder)."""
+    once on the causal backend, every pair whole on a cross-encoder). ``batch``: how many
+    searches the call that scored it held (a serving replica counts its whole batch)."""
 
     scores: np.ndarray
     tokens: int
+    batch: int = 1
 
 
 class Cancelled(Exception):

@@ -9,8 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from acare_ray.online.errors import ClientError
-from acare_ray.online.http import inline_score, single_model_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.service import RerankInput, RerankService
+from acare_ray.online.serving import inline_score
 from acare_ray.scoring import AgentContext, Mode
 from acare_ray.scoring.prompt import INSTRUCTIONS, SUFFIX, render_prefix
 

@@ -14,9 +14,10 @@ from fastapi.testclient import TestClient
 
 from acare_ray.cli import main
 from acare_ray.data.bm25 import BM25Index
-from acare_ray.online.http import client_of, inline_score, single_model_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.search_routes import SearchSettings, search_routes
 from acare_ray.online.service import Limits, RerankService
+from acare_ray.online.serving import client_of, inline_score
 from acare_ray.ranking.fusion import FusionConfig, fuse
 from acare_ray.scoring import AgentContext, rank_order
 from acare_ray.search.first_stage import BM25FirstStage, HttpFirstStage, UpstreamError
@@ -464,3 +465,65 @@ def test_one_request_resolves_its_mode_once_and_tokenizes_its_context_once(
     counts.update(parse_mode=0, tokenized=0)
     assert client.post("/v2/rerank", json=requests["/v2/rerank"](context)).status_code == 200
     assert counts == {"parse_mode": 1, "tokenized": 0}
+
+
+def test_a_request_walks_each_online_module_once_down_and_once_back(tiny_scorer, index_dir):
+    """Route to score and back: on every call stack a request makes (the event loop's and the
+    worker threads'), no module of ``acare_ray.online`` appears twice apart, i.e. no layer
+    calls back into one it was called from. Checked on every protocol and /v1/search, through
+    the real app over ASGI."""
+    import asyncio
+    import sys
+    import threading
+
+    client, _ = make_app(tiny_scorer, index_dir)
+    app = client.app
+    context = {"original_question": QUESTION, "reasoning": REASONING}
+    docs = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
+    requests = {
+        "/v1/rerank": {"query": QUERY, "documents": docs, **context},
+        "/v2/rerank": {"query": QUERY, "documents": docs, "first_stage_order": True, **context},
+        "/rerank": {"query": QUERY, "texts": docs, **context},
+        "/score": {"text_1": [QUERY, "other words"], "text_2": docs, **context},
+        "/v1/search": {"query": QUERY, "top_k": 3, **context},
+    }
+    walks: set[tuple[str, ...]] = set()
+    back_again: set[tuple[str, ...]] = set()
+
+    def online_stack(frame) -> tuple[str, ...]:
+        names = []
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if name.startswith("acare_ray.online") and (not names or names[-1] != name):
+                names.append(name)
+            frame = frame.f_back
+        return tuple(reversed(names))
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__", "").startswith("acare_ray.online"):
+            stack = online_stack(frame)
+            walks.add(stack)
+            if len(set(stack)) < len(stack):
+                back_again.add(stack)
+
+    async def send_all():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            return {route: await http.post(route, json=body) for route, body in requests.items()}
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        answers = asyncio.run(send_all())  # a new loop: its worker threads get the profile too
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    for route, answer in answers.items():
+        assert answer.status_code == 200, (route, answer.text)
+    # the walk was seen: the gate, a route, the serving object, the service
+    assert any(
+        w[:3] == ("acare_ray.online.http", "acare_ray.online.routes", "acare_ray.online.serving")
+        for w in walks
+    )
+    assert any(w[-1] == "acare_ray.online.service" for w in walks)
+    assert back_again == set(), sorted(back_again)

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from acare_ray.online.admission import Admission
-from acare_ray.online.http import inline_score
 from acare_ray.online.service import RerankService
+from acare_ray.online.serving import inline_score
 
 REPO = Path(__file__).resolve().parents[2]
 

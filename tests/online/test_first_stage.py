@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 from scipy.special import expit
 from scoring_support import CAPITAL_DOCUMENTS, QUERY, QUESTION, REASONING
 
-from acare_ray.online.http import inline_score, single_model_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.service import RerankInput, RerankService
+from acare_ray.online.serving import inline_score
 from acare_ray.ranking.fusion import FusionConfig, fuse
 
 # The last document repeats the first: equal scores, so the tie rule shows.

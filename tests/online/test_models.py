@@ -29,9 +29,10 @@ from scoring_support import CAPITAL_DOCUMENTS, QUERY, REASONING
 
 from acare_ray.online.app_args import AppArgs
 from acare_ray.online.errors import ClientError
-from acare_ray.online.http import inline_score, single_model_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.models import ModelCatalog, ModelSource, UnknownModel, checkpoint_version
 from acare_ray.online.service import RerankService
+from acare_ray.online.serving import inline_score
 from acare_ray.ranking.checkpoint_settings import write_fusion
 from acare_ray.ranking.fusion import FusionConfig
 from acare_ray.scoring import ACARE_CONFIG_FILE, AgentContext, Scorer

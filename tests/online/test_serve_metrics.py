@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from acare_ray.online.http import inline_score, single_model_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.metrics import METRICS, OTHER_ROUTE, exported_names
 from acare_ray.online.service import Limits, RerankService
+from acare_ray.online.serving import inline_score
 
 DOCUMENTS = ["Ostrava is the capital of Velmoria.", "Paris is the capital of France."]
 LONG = "word " * 200

@@ -284,7 +284,23 @@ def test_a_refused_document_states_a_true_token_count(request, backend):
 def test_a_query_or_context_cut_to_its_cap_is_reported(request, backend):
     """Issue 34: a query longer than its cap was cut without a word (documents got a warning).
     The job names every field its cap cut; the response turns that into a warning."""
-    from acare_ray.online.api import truncation_warnings
+    import numpy as np
+
+    from acare_ray.online.serving import RerankOutcome
+
+    def truncation_warnings(job, field):  # what the response says of the job's cuts
+        none = np.zeros(len(job.documents))
+        said = RerankOutcome(
+            "tiny",
+            job.mode,
+            none,
+            none,
+            "raw",
+            limit=job.limit,
+            truncated=job.truncated,
+            cut_fields=job.cut_fields,
+        )
+        return said.truncation_warnings(field)
 
     service = request.getfixturevalue(backend)
     caps = service.scorer.backend.prompt.caps

@@ -10,8 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from scipy.special import expit
 
-from acare_ray.online.http import inline_score, single_model_api
+from acare_ray.online.http import single_model_api
 from acare_ray.online.service import RerankService
+from acare_ray.online.serving import inline_score
 from acare_ray.ranking.calibration import (
     Calibration,
     expected_calibration_error,

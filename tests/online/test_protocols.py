@@ -1,4 +1,4 @@
-"""Request/response models: document checks, rank_fields, score presentation."""
+"""The protocols' request/response models: document checks, rank_fields, score presentation."""
 
 from __future__ import annotations
 
@@ -8,19 +8,23 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from acare_ray.online.api import (
-    CohereRerankRequest,
-    TeiRerankRequest,
-    cohere_response,
-    tei_response,
-)
-from acare_ray.online.service import ScoringJob
-from acare_ray.scoring import AgentContext, Mode
+from acare_ray.online.protocols.cohere import CohereRerankRequest, cohere_response
+from acare_ray.online.protocols.tei import TeiRerankRequest, tei_response
+from acare_ray.online.serving import RerankOutcome
+from acare_ray.scoring import Mode
 
 
-def job(n: int, truncated: tuple[int, ...] = ()) -> ScoringJob:
-    return ScoringJob(
-        AgentContext("q"), Mode.M0, ("d",) * n, tokens=7, limit=5, truncated=truncated
+def reranked(scores, values, relevance="sigmoid", truncated: tuple[int, ...] = ()) -> RerankOutcome:
+    """What the serving object answers for a request of ``len(scores)`` documents (M0)."""
+    return RerankOutcome(
+        model="m",
+        mode=Mode.M0,
+        scores=np.asarray(scores),
+        values=np.asarray(values),
+        relevance=relevance,
+        tokens=7,
+        limit=5,
+        truncated=truncated,
     )
 
 
@@ -79,13 +83,7 @@ def test_cohere_results_follow_log_odds_with_ties_in_input_order():
     scores = np.array([0.5, 2.0, 0.5, -1.0], dtype=np.float32)
     values = np.array([0.1, 0.2, 0.3, 0.4])  # whatever the route's rule made: placed, not remade
     out = cohere_response(
-        body,
-        job(4, (2,)),
-        scores,
-        request_id="r",
-        version="2",
-        model="m",
-        relevance=(values, "calibrated"),
+        body, reranked(scores, values, "calibrated", (2,)), request_id="r", version="2"
     )
     assert [r.index for r in out.results] == [1, 0, 2]
     assert [r.document for r in out.results] == [{"text": "b"}, {"text": "a"}, {"text": "c"}]
@@ -98,12 +96,11 @@ def test_cohere_results_follow_log_odds_with_ties_in_input_order():
 def test_tei_answers_order_by_log_odds_and_direction_is_case_insensitive():
     scores = np.array([-1.0, 3.0], dtype=np.float32)
     values = np.array([0.25, 0.75])  # the route's relevance, placed as given
-    plain = tei_response(TeiRerankRequest(query="q", texts=["a", "b"]), scores, values)
+    plain = tei_response(TeiRerankRequest(query="q", texts=["a", "b"]), reranked(scores, values))
     assert [(r.index, r.score, r.text) for r in plain] == [(1, 0.75, None), (0, 0.25, None)]
     raw = tei_response(
         TeiRerankRequest(query="q", texts=["a", "b"], raw_scores=True, return_text=True),
-        scores,
-        scores.astype(np.float64),
+        reranked(scores, scores.astype(np.float64), "raw"),
     )
     assert [(r.score, r.text) for r in raw] == [(3.0, "b"), (-1.0, "a")]
     assert TeiRerankRequest(query="q", texts=[], truncation_direction="Left").search().keep_end
