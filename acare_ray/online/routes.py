@@ -34,7 +34,7 @@ from acare_ray.online.protocols.vllm import (
     V1RerankRequest,
     score_response,
 )
-from acare_ray.online.serving import RerankOutcome, RerankServing, merge_reranked
+from acare_ray.online.serving import RerankOutcome, RerankServing, merge_outcomes
 
 
 def with_max_items(model: type[BaseModel], field: str, limit: int) -> type[BaseModel]:
@@ -114,16 +114,17 @@ def rerank_routes(api: FastAPI, serving: RerankServing, max_documents: int) -> N
         """vLLM's score API: one query against several texts, or pairs; scores in input order,
         sigmoid(log-odds) unless `use_activation` is false. Plus the context fields, which
         apply to every pair. A run of pairs with the same query is scored as one search."""
-        field, count = body.count()
+        searches, rows = body.searches()  # the pairs grouped: no text is tokenized yet
+        count = sum(map(len, rows))
         if count > max_documents:  # as on the rerank routes: bounded before any work
+            field = searches[0].documents_field
             raise ClientError(413, field, f"has {count} texts; at most {max_documents} per request")
         model = serving.model_for(body.model, request)
-        searches, rows = body.searches()
         raw = body.use_activation is False
         parts = await asyncio.gather(
             *(serving.rerank(s, request, model=model, raw=raw) for s in searches)
         )
-        result = merge_reranked(parts, rows)
+        result = merge_outcomes(parts, rows)
         _answer(response, result)
         return score_response(result)
 

@@ -123,7 +123,7 @@ class RerankOutcome:
         return out
 
 
-def merge_reranked(parts: Sequence[RerankOutcome], rows: Sequence[Sequence[int]]) -> RerankOutcome:
+def merge_outcomes(parts: Sequence[RerankOutcome], rows: Sequence[Sequence[int]]) -> RerankOutcome:
     """One :class:`RerankOutcome` of several scored on the same model with the same context fields
     (vLLM's pairs, grouped by query): ``rows[k]`` are the input positions of ``parts[k]``'s
     documents. Tokens add up; truncation is said at the input positions; nothing is fused."""

@@ -137,11 +137,6 @@ class ScoreRequest(AgentFields):
         ]
         return searches, list(groups.values())
 
-    def count(self) -> tuple[str, int]:
-        """The texts' field name and how many texts the request holds."""
-        _, second, _, texts = self.pairs()
-        return second, len(texts)
-
 
 class ScoreData(BaseModel):
     index: int
