@@ -25,6 +25,7 @@ settings of each stage.
     train: {max_steps: 600, patience: 4, time_budget_s: 3600, ...}   # TrainConfig fields
     fusion: {folds: 5, confidence: 0.95}  # the safety rule
     cost: {candidates: [50, 100], searches: 20}
+    mine: {miner: runs/adopt, mode: M3, hard: 3, init: miner}   # optional: one self-mining round
 
 ``${data}`` is the data folder (:func:`acare_ray.data.io.data_dir`, set by ``$ACARE_DATA_DIR``); other relative
 paths are relative to the directory ``acare adopt`` runs in. Unknown keys are errors.
@@ -44,7 +45,8 @@ from acare_ray.ranking.fusion_fit import SafetyRule
 from acare_ray.scoring import DEFAULT_MODEL, Mode
 
 BUILTINS = ("musique", "hotpotqa")
-STAGES = ("data", "baseline", "train", "fit", "test", "cost", "loop", "report")
+STAGES = ("data", "baseline", "mine", "train", "fit", "test", "cost", "loop", "report")
+INITS = ("miner", "base")
 
 
 def _expand(text: str) -> str:
@@ -134,6 +136,42 @@ class CostSpec:
 
 
 @dataclass(frozen=True)
+class MineSpec:
+    """One round of self-mined hard negatives. ``miner`` is an earlier ``acare adopt`` run's
+    ``work_dir``: its checkpoint of the same training seed (``seed<N>/train.json``) scores every
+    candidate of every source's training searches in ``mode``, and each group's ``hard``
+    negatives become the miner's highest-scored non-relevant candidates (the rest a seeded
+    sample, as the data stage does with first-stage scores). ``init``: ``miner`` trains on from
+    the miner's checkpoint, ``base`` from the base model. Validation groups stay the data
+    stage's, so the two runs' validation curves compare."""
+
+    miner: str
+    mode: str = "M3"
+    hard: int = 3
+    init: str = "miner"
+
+    def __post_init__(self) -> None:
+        if not self.miner:
+            raise ValueError("mine: miner (an earlier adopt run's work_dir) is required")
+        if self.mode not in Mode.__members__:
+            raise ValueError(f"mine: mode {self.mode!r} is not one of {list(Mode.__members__)}")
+        if self.init not in INITS:
+            raise ValueError(f"mine: init must be one of {INITS}, got {self.init!r}")
+        if isinstance(self.hard, bool) or not isinstance(self.hard, int) or self.hard < 1:
+            raise ValueError(f"mine: hard must be a number of negatives >= 1, got {self.hard!r}")
+
+    def checkpoint(self, seed: int) -> str:
+        """The miner's kept checkpoint for ``seed``; a miner seed that has not trained is an
+        error that says which file is missing."""
+        import json
+
+        path = Path(_expand(self.miner)) / f"seed{seed}" / "train.json"
+        if not path.exists():
+            raise ValueError(f"mine: the miner has no trained seed {seed} ({path} is missing)")
+        return json.loads(path.read_text())["checkpoint"]
+
+
+@dataclass(frozen=True)
 class AdoptConfig:
     """Everything ``acare adopt`` does (module docstring). ``train``: :class:`TrainConfig`
     fields over adopt's defaults; ``fusion``: :class:`SafetyRule` fields; ``loop``: optional
@@ -155,6 +193,7 @@ class AdoptConfig:
     cost: CostSpec = field(default_factory=CostSpec)
     loop: tuple[str, ...] | None = None
     loop_tasks: str | None = None
+    mine: MineSpec | None = None
     resamples: int = 10_000
     actors: int = 2
 
@@ -174,6 +213,8 @@ class AdoptConfig:
             raise ValueError(f"loop_tasks: {self.loop_tasks!r} is not a source name")
         if "M3" not in self.modes:
             raise ValueError("modes must include M3 (the stored fusion is fitted in it)")
+        if self.mine is not None and self.mine.hard > self.negatives:
+            raise ValueError(f"mine: hard ({self.mine.hard}) exceeds negatives ({self.negatives})")
         from acare_ray.training import TrainConfig
 
         owned = {"data", "data_weights", "val_data", "model", "output", "name", "seed"}
@@ -211,6 +252,8 @@ class AdoptConfig:
             if isinstance(values.get(key), list):
                 values[key] = tuple(str(v) for v in values[key])
         values["train"] = dict(values.get("train") or {})
+        if values.get("mine") is not None:
+            values["mine"] = MineSpec(**_known(MineSpec, values["mine"], "mine"))
         return cls(**values)
 
     @classmethod

@@ -148,6 +148,24 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
             "",
             *_tests_table(baseline["tests"]),
         ]
+    mine = results.get("mine")
+    if mine:
+        lines += [
+            "",
+            "## Self-mined hard negatives (one round)",
+            "",
+            f"Miner `{mine['miner']}` ({mine['mode']}): each group's {mine['hard']} hardest "
+            f"negatives are the miner's; training starts from the {mine['init']}.",
+            "",
+            "| source | searches scored | errors | groups | hard negatives also first-stage-hard "
+            "| positive below the miner's hardest negative |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, m in mine["sources"].items():
+            lines.append(
+                f"| {name} | {m['scored']} of {m['searches']} | {m['error_count']} | {m['groups']} "
+                f"| {m['hard_shared_with_first_stage']:.1%} | {m['positive_below_hardest']:.1%} |"
+            )
     if train:
         stopped = train.get("stopped") or {"reason": "step budget"}
         sel = train.get("selection") or {}

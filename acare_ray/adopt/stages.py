@@ -6,6 +6,9 @@ short resumes its own jobs: Ray Data outputs and Ray Train runs resume by themse
   by question (the project's one split), LCE groups built from the train and validation parts.
 - ``baseline``: the base reranker untrained, in ``baseline_modes``, beside the first stage and
   the agent's own order on the test questions (the zero-training control).
+- ``mine`` (only with a ``mine`` section): the training searches scored by an earlier run's
+  checkpoint of this seed, and the groups rebuilt with its hard negatives (one round of
+  self-mining).
 - ``train``: Ray Train until the validation nDCG@10 (M3) stops improving (patience), within a
   step and a time budget; the best checkpoint is the result.
 - ``fit``: the fusion fitted on the validation questions by the safety rule, stored with the
@@ -207,6 +210,105 @@ def data_stage(config: AdoptConfig) -> dict[str, Any]:
     return summary
 
 
+# ---------------------------------------------------------------- self-mined hard negatives
+
+
+def _miner_scores(folder: Path) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """``({search_id: {doc_id: score}}, [search ids whose row carries an error])`` of a rerank
+    job's output folder."""
+    scores, errors = {}, []
+    for row in read_parquet(str(folder)).to_pylist():
+        if row["error"]:
+            errors.append(row["search_id"])
+            continue
+        scores[row["search_id"]] = {r["doc_id"]: float(r["score"]) for r in row["ranking"]}
+    return scores, errors
+
+
+def with_miner_scores(table: pa.Table, scores: dict[str, dict[str, float]]) -> pa.Table:
+    """``table`` (``SEARCHES``-shaped) with each scored candidate's ``first_stage_score`` set to
+    the miner's score, so :func:`acare_ray.data.groups.searches_to_groups` takes its hard
+    negatives from the miner; a search the miner could not score keeps its own scores."""
+    rows = table.to_pylist()
+    for row in rows:
+        mined = scores.get(row["search_id"])
+        if mined is None:
+            continue
+        for candidate in row["candidates"]:
+            candidate["first_stage_score"] = mined.get(candidate["doc_id"])
+    return pa.Table.from_pylist(rows, schema=table.schema)
+
+
+def _mined_signal(
+    mined: pa.Table, first_stage: pa.Table, scores: dict[str, dict[str, float]], hard: int
+) -> dict[str, Any]:
+    """How much the mined groups differ from the first-stage ones: the share of mined hard
+    negatives that were first-stage-hard too, and the share of groups whose positive the miner
+    scores below its hardest negative (the errors a second round can learn from)."""
+    before = {
+        row["group_id"]: {d["doc_id"] for d in row["negatives"][:hard]}
+        for row in first_stage.to_pylist()
+    }  # fmt: skip
+    shared = total = wrong = 0
+    for row in mined.to_pylist():
+        hardest = [d["doc_id"] for d in row["negatives"][:hard]]
+        shared += len(set(hardest) & before.get(row["group_id"], set()))
+        total += len(hardest)
+        group = row["group_id"]  # the search id, "#k" added when a search has k positives
+        search = scores.get(group) or scores.get(group.rsplit("#", 1)[0], {})
+        top = max((search.get(d) for d in hardest if d in search), default=None)
+        positive = search.get(row["positive"]["doc_id"])
+        wrong += top is not None and positive is not None and top > positive
+    return {
+        "hard_shared_with_first_stage": shared / max(total, 1),
+        "positive_below_hardest": wrong / max(mined.num_rows, 1),
+    }
+
+
+def mine_stage(config: AdoptConfig) -> dict[str, Any]:
+    """One round of self-mining (:class:`~acare_ray.adopt.config.MineSpec`): every source's
+    training searches scored by the miner's checkpoint of this seed with ``acare rerank``
+    (Ray Data), then each source's groups rebuilt with the miner's hard negatives, under
+    ``work_dir/seed<N>/groups``."""
+    from acare_ray.data.groups import group_stats, searches_to_groups
+    from acare_ray.offline.rerank import RerankConfig, run
+
+    spec = config.mine
+    checkpoint = spec.checkpoint(config.seed)
+    out: dict[str, Any] = {"miner": checkpoint, "mode": spec.mode, "hard": spec.hard,
+                           "init": spec.init, "sources": {}}  # fmt: skip
+    for source in config.sources:
+        searches = config.work / "data" / f"{source.name}_train.parquet"
+        scored = config.seed_dir / "mine" / source.name
+        counts = run(
+            RerankConfig(
+                input=str(searches),
+                output=str(scored),
+                model=checkpoint,
+                mode=spec.mode,
+                fusion="none",
+                pool=_pool(config),
+                scorer=scorer_settings(config),
+            )
+        )
+        scores, errors = _miner_scores(scored)
+        table = _labels_from_gold(with_miner_scores(read_parquet(str(searches)), scores))
+        groups = searches_to_groups(table, config.negatives, config.split_seed, spec.hard)
+        write_parquet(groups, config.seed_dir / "groups" / f"{source.name}.parquet")
+        first_stage = read_parquet(str(config.work / "groups" / f"{source.name}.parquet"))
+        out["sources"][source.name] = {
+            "searches": counts.rows_in,
+            "scored": len(scores),
+            "errors": errors[:20],
+            "error_count": len(errors),
+            "groups": groups.num_rows,
+            "skipped": vars(group_stats(groups)),
+            **_mined_signal(groups, first_stage, scores, spec.hard),
+        }
+        log.info("[mine] %s: %s", source.name, out["sources"][source.name])
+    return out
+
+
 def primary_part(config: AdoptConfig, part: str) -> str:
     return str(config.work / "data" / f"{config.primary.name}_{part}.parquet")
 
@@ -312,11 +414,14 @@ def train_config(config: AdoptConfig):
     settings.setdefault("eval_modes", config.modes)
     if isinstance(settings["eval_modes"], list):
         settings["eval_modes"] = tuple(settings["eval_modes"])
+    # With a mining round, the seed's own groups (the miner's hard negatives); validation stays.
+    groups = config.seed_dir / "groups" if config.mine else work / "groups"
+    mined_init = config.mine is not None and config.mine.init == "miner"
     return TrainConfig(
-        data=tuple(str(work / "groups" / f"{s.name}.parquet") for s in config.sources),
+        data=tuple(str(groups / f"{s.name}.parquet") for s in config.sources),
         data_weights=tuple(float(s.weight) for s in config.sources),
         val_data=str(work / "groups" / "validation.parquet"),
-        model=config.model,
+        model=config.mine.checkpoint(config.seed) if mined_init else config.model,
         output=str(work / "train"),
         name=f"seed{config.seed}",
         seed=config.seed,
@@ -493,6 +598,8 @@ def run_stages(config: AdoptConfig, stages: tuple[str, ...]) -> dict[str, Any]:
     if "baseline" in wanted:
         results["baseline"] = stage("baseline", baseline_stage, ray=True)
     later = {"train", "fit", "test", "cost", "loop", "report"}
+    if config.mine is not None and wanted & (later | {"mine"}):
+        results["mine"] = stage("mine", mine_stage, ray=True)
     if wanted & later:
         results["train"] = stage("train", train_stage, ray=True)
         checkpoint = results["train"]["checkpoint"]

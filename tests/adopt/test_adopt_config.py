@@ -42,6 +42,11 @@ def test_the_committed_config_reads_and_names_its_sources():
         ({"work_dir": "w", "sources": [{"name": "a", "searches": "s"}]}, "needs test questions"),
         (_base(modes=["M0"]), "modes must include M3"),
         (_base(loop_tasks="other"), "loop_tasks: 'other' is not a source name"),
+        (_base(mine={"miner": "w0", "rounds": 2}), r"mine: unknown setting\(s\) \['rounds'\]"),
+        (_base(mine={"miner": "w0", "init": "scratch"}), "mine: init must be one of"),
+        (_base(mine={"miner": "w0", "mode": "M9"}), "mine: mode 'M9' is not one of"),
+        (_base(mine={"miner": "w0", "hard": 8}), r"mine: hard \(8\) exceeds negatives \(7\)"),
+        (_base(mine={"miner": ""}), "mine: miner .* is required"),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_setting(values, message):
@@ -93,3 +98,13 @@ def test_the_zero_training_control_says_which_it_is():
         {"tests": [_claim("M0", 0.01, -0.02, 0.6), _claim("M3", -0.1, -0.2, 0.01)]}
     )
     assert "not distinguishable" in noise
+
+
+def test_a_mining_round_needs_the_miner_to_have_trained_that_seed(tmp_path):
+    config = AdoptConfig.from_dict(_base(mine={"miner": str(tmp_path / "first")}))
+    with pytest.raises(ValueError, match=r"the miner has no trained seed 0 \(.*train.json"):
+        config.mine.checkpoint(0)
+    trained = tmp_path / "first" / "seed0"
+    trained.mkdir(parents=True)
+    (trained / "train.json").write_text('{"checkpoint": "runs/first/checkpoint_0000051"}')
+    assert config.mine.checkpoint(0) == "runs/first/checkpoint_0000051"

@@ -130,3 +130,70 @@ def test_a_rerun_resumes_without_redoing_a_stage(adopted, monkeypatch, capsys):
     assert "decision:" in capsys.readouterr().out
     changed = [p for p, t in stamps.items() if p.stat().st_mtime_ns != t]
     assert all(p.name == "report.json" for p in changed), changed
+
+
+@pytest.fixture(scope="module")
+def mined(adopted):
+    """A second recipe over the same searches: one round of hard negatives mined by the first
+    run's checkpoint, training on from it."""
+    root, _, _ = adopted
+    config = yaml.safe_load((root / "adopt.yaml").read_text())
+    config["work_dir"] = str(root / "mined")
+    config["mine"] = {"miner": str(root / "work"), "hard": 3}
+    path = root / "mined.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = main(["adopt", "--config", str(path), "--stages", "data,mine,train"])
+    return root, code
+
+
+def test_mined_groups_take_the_miners_highest_scored_negatives(mined):
+    from acare_ray.scoring import AgentContext, Scorer, ScorerSettings
+
+    root, code = mined
+    assert code == 0
+    work = root / "mined"
+    miner = json.loads((root / "work" / "seed0" / "train.json").read_text())["checkpoint"]
+    report = json.loads((work / "seed0" / "mine.json").read_text())
+    assert report["miner"] == miner and report["mode"] == "M3"
+    stats = report["sources"]["mine"]
+    assert stats["searches"] == stats["scored"] > 0 and stats["error_count"] == 0
+    scorer = Scorer.from_settings(miner, ScorerSettings.parse({"max_length": 256}), device="cpu")
+    searches = {r["search_id"]: r for r in pq.read_table(work / "data" / "mine_train.parquet")
+                .to_pylist()}  # fmt: skip
+    groups = pq.read_table(work / "seed0" / "groups" / "mine.parquet").to_pylist()
+    assert len(groups) == stats["groups"] > 0
+    for group in groups[:4]:
+        search = searches[group["group_id"].rsplit("#", 1)[0]]
+        negatives = [c for c in search["candidates"] if c["relevance"] == 0]
+        context = AgentContext(search["sub_query"], search["question"], search["reasoning"])
+        scores = scorer.score(context, [c["text"] for c in negatives], "M3")
+        score_of = {c["doc_id"]: s for c, s in zip(negatives, scores, strict=True)}
+        hard = {d["doc_id"] for d in group["negatives"][:3]}
+        # Every hard negative outscores every other one (up to the stored float32 rounding).
+        assert (
+            min(score_of[d] for d in hard)
+            >= max(s for d, s in score_of.items() if d not in hard) - 1e-4
+        )
+    # Training went on from the miner's checkpoint, on the mined groups, validated as before.
+    train = json.loads((work / "seed0" / "train.json").read_text())
+    assert train["config"]["model"].endswith(miner.split("/")[-1])
+    assert train["config"]["data"] == [str(work / "seed0" / "groups" / "mine.parquet")]
+    assert train["config"]["val_data"] == str(work / "groups" / "validation.parquet")
+
+
+def test_the_report_says_what_the_mining_round_changed(mined):
+    from acare_ray.adopt.config import AdoptConfig
+    from acare_ray.adopt.report import report_markdown
+
+    root, _ = mined
+    config = AdoptConfig.read(root / "mined.yaml")
+    work = root / "mined"
+    results = {
+        "data": json.loads((work / "data.json").read_text()),
+        "mine": json.loads((work / "seed0" / "mine.json").read_text()),
+    }
+    decisions = {"overall": {"decision": "no clear gain", "reason": "-"}, "per_agent": {}}
+    markdown = report_markdown(config, results, decisions)
+    stats = results["mine"]["sources"]["mine"]
+    assert "## Self-mined hard negatives (one round)" in markdown
+    assert f"| mine | {stats['scored']} of {stats['searches']} | 0 | {stats['groups']} |" in markdown

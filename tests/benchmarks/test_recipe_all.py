@@ -30,6 +30,36 @@ def test_make_recipe_runs_acare_adopt_with_the_committed_config():
     assert config.primary.name == "traces"
 
 
+def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoints():
+    """docs/training.md's and `make recipe-mined`'s command for the self-mining round (an
+    hour-long run per seed): it parses as written, leaves the baseline out, and its config
+    mines with the full-pass recipe's work_dir over the same sources and split."""
+    import argparse
+
+    doc = (BENCHMARKS.parent / "docs" / "training.md").read_text().splitlines()
+    makefile = (BENCHMARKS.parent / "Makefile").read_text()
+    block = makefile.split("\nrecipe-mined:", 1)[1].split("\n\n", 1)[0]
+    make_line = next(x for x in block.splitlines() if "adopt" in x)
+    (doc_line,) = [x for x in doc if x.startswith("acare adopt") and "mined" in x]
+    make_argv = shlex.split(make_line.replace("$(SEED)", "0").replace("$(BIN)/", ""))
+    argv = shlex.split(doc_line)
+    assert make_argv[make_argv.index("acare") :] == argv
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv[1:])
+    stages = args.stages.split(",")
+    assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
+    mined = AdoptConfig.read(BENCHMARKS.parent / args.config)
+    recipe = AdoptConfig.read(BENCHMARKS.parent / CONFIG_PATH)
+    assert mined.mine is not None and mined.mine.miner == recipe.work_dir
+    assert mined.work_dir != recipe.work_dir
+    assert (mined.sources, mined.split_seed, mined.negatives) == (
+        recipe.sources,
+        recipe.split_seed,
+        recipe.negatives,
+    )
+
+
 def test_the_benchmark_script_is_the_same_command():
     with benchmark_modules("recipe_all") as (recipe_all,):
         args = recipe_all.build_parser().parse_args(["--seed", "2"])
