@@ -142,7 +142,7 @@ def mined(adopted):
     config["mine"] = {"miner": str(root / "work"), "hard": 3}
     path = root / "mined.yaml"
     path.write_text(yaml.safe_dump(config))
-    code = main(["adopt", "--config", str(path), "--stages", "data,mine,train"])
+    code = main(["adopt", "--config", str(path), "--stages", "data,mine,train,fit,test"])
     return root, code
 
 
@@ -196,4 +196,29 @@ def test_the_report_says_what_the_mining_round_changed(mined):
     markdown = report_markdown(config, results, decisions)
     stats = results["mine"]["sources"]["mine"]
     assert "## Self-mined hard negatives (one round)" in markdown
-    assert f"| mine | {stats['scored']} of {stats['searches']} | 0 | {stats['groups']} |" in markdown
+    assert (
+        f"| mine | {stats['scored']} of {stats['searches']} | 0 | {stats['groups']} |" in markdown
+    )
+
+
+def test_the_two_rounds_compare_session_paired_on_the_same_test_questions(mined, tmp_path):
+    """``benchmarks/compare_recipes.py`` over the first run and the mining round: the same
+    first-stage list, each round's reranker against it and against the other round."""
+    import importlib
+
+    root, _ = mined
+    compare = importlib.import_module("benchmarks.compare_recipes")
+    argv = ["--base", str(root / "adopt.yaml"), "--head", str(root / "mined.yaml"),
+            "--seeds", "0,1", "--name", "rounds", "--out", str(tmp_path)]  # fmt: skip
+    assert compare.main(argv) == 0
+    report = json.loads((tmp_path / "rounds.json").read_text())
+    assert report["missing"] == [1]
+    m3 = report["seeds"]["0"]["rows"]["M3"]
+    first = json.loads((root / "work" / "seed0" / "test.json").read_text())
+    row = next(t for t in first["tests"] if (t["a"], t["b"]) == ("first_stage", "M3"))
+    # The base round against the first stage is the adopt test's own row, to the digit.
+    assert m3["base_vs_first_stage"]["diff"] == pytest.approx(row["diff"])
+    assert m3["head_vs_base"]["a"] == pytest.approx(row["mean_b"])
+    assert m3["head_vs_base"]["sessions"] == row["sessions"] == 10
+    assert 0 <= m3["head_vs_base"]["p_holm"] <= 1
+    assert "| 0 |" in (tmp_path / "rounds.md").read_text()
