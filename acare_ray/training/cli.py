@@ -103,6 +103,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train none of the lowest N transformer layers",
     )
     add(
+        "--ema-decay",
+        type=float,
+        default=d["ema_decay"],
+        help="validate and save a moving average of the weights (a window of about "
+        "1 / (1 - decay) steps), e.g. 0.98",
+    )
+    add(
         "--select-metric",
         default=d["select_metric"],
         help="val/nDCG@10/<mode> or val/loss/<mode>: the result is the best checkpoint by it",

@@ -18,8 +18,9 @@ from acare_ray.training.loss import DEFAULT_GROUP_SIZE, DEFAULT_TEMPERATURE
 from acare_ray.training.stopping import check_metric
 
 STRATEGIES = ("ddp", "fsdp")
-# Settings that fix which groups each step sees, or which parameters the optimizer holds; a
-# relaunch that changes one cannot resume.
+# Settings that fix which groups each step sees, which parameters the optimizer holds, or which
+# weights a checkpoint holds (ema_decay: averaged or trained); a relaunch that changes one cannot
+# resume.
 RESUME_KEYS = (
     "data",
     "data_weights",
@@ -39,6 +40,7 @@ RESUME_KEYS = (
     "p_reasoning",
     "freeze_embeddings",
     "freeze_layers",
+    "ema_decay",
 )
 
 
@@ -71,6 +73,11 @@ class TrainConfig:
     at most that many padded tokens; same scores, less padding), ``freeze_embeddings`` and
     ``freeze_layers`` (the embeddings and the lowest N transformer layers get no gradient and no
     optimizer state).
+
+    ``ema_decay``: validate and save an exponential moving average of the weights
+    (:class:`~acare_ray.training.loop.WeightAverage`, a window of about ``1 / (1 - ema_decay)``
+    steps) instead of the weights of the last step; training itself goes on from the trained
+    weights, which each checkpoint keeps in ``trainer_state.pt`` for resuming. DDP only.
 
     Selection and stopping (:mod:`acare_ray.training.stopping`): with ``select_metric``
     (``val/nDCG@10/<mode>`` or ``val/loss/<mode>``) the run's result is its best validated
@@ -120,6 +127,7 @@ class TrainConfig:
     chunk_tokens: int | None = None
     freeze_embeddings: bool = False
     freeze_layers: int = 0
+    ema_decay: float | None = None
     select_metric: str | None = None
     patience: int | None = None
     min_delta: float = 0.0
@@ -163,6 +171,16 @@ class TrainConfig:
             or self.freeze_layers < 0
         ):
             raise ValueError(f"freeze_layers must be an integer >= 0, got {self.freeze_layers!r}")
+        if self.ema_decay is not None:
+            if isinstance(self.ema_decay, bool) or not isinstance(self.ema_decay, int | float):
+                raise ValueError(f"ema_decay must be a number in (0, 1), got {self.ema_decay!r}")
+            if not 0 < self.ema_decay < 1:
+                raise ValueError(f"ema_decay must be in (0, 1), got {self.ema_decay}")
+            if self.strategy == "fsdp":
+                raise ValueError(
+                    "ema_decay is not supported with strategy 'fsdp' (the average would be "
+                    "sharded like the weights); use strategy 'ddp'"
+                )
         if self.group_size < 2:
             raise ValueError(
                 f"group_size must be >= 2 (1 positive + negatives), got {self.group_size}"

@@ -197,3 +197,66 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
+
+
+class WeightAverage:
+    """An exponential moving average of a module's trainable weights (Polyak averaging).
+
+    After each optimizer step, :meth:`update` moves every average toward the weight by
+    ``1 - rate``, where ``rate = min(decay, (1 + n) / (10 + n))`` after ``n`` earlier updates:
+    the average follows the weights closely at the start and settles at ``decay`` (a window of
+    about ``1 / (1 - decay)`` steps) once ``n`` is large, as TensorFlow's
+    ``ExponentialMovingAverage(num_updates=...)`` does. Frozen weights (no gradient) never change
+    and are not copied. :meth:`applied` puts the averages into the module in place, so the
+    scorer that wraps it validates and saves the averaged model through its own code, and
+    restores the trained weights on exit.
+
+    Written here rather than with ``torch.optim.swa_utils.AveragedModel``: that keeps a second
+    copy of the whole module, which the scorer would not score or save through, and its EMA has
+    no warm-up of the decay.
+    """
+
+    def __init__(self, module: nn.Module, decay: float, updates: int = 0) -> None:
+        if not 0 < decay < 1:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self.decay, self.updates = decay, updates
+        self.averages = {
+            name: param.detach().clone()
+            for name, param in module.named_parameters()
+            if param.requires_grad
+        }
+
+    def rate(self) -> float:
+        """The decay the next update applies."""
+        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+
+    @torch.no_grad()
+    def update(self, module: nn.Module) -> None:
+        rate = self.rate()
+        for name, param in module.named_parameters():
+            if name in self.averages:
+                self.averages[name].lerp_(param.detach(), 1 - rate)
+        self.updates += 1
+
+    @contextlib.contextmanager
+    def applied(self, module: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+        """Inside, ``module`` holds the averages; yields the trained weights it held before
+        (what a checkpoint must keep to resume training), restored on exit."""
+        params = dict(module.named_parameters())
+        trained = {name: params[name].detach().clone() for name in self.averages}
+        with torch.no_grad():
+            for name, average in self.averages.items():
+                params[name].copy_(average)
+        try:
+            yield trained
+        finally:
+            with torch.no_grad():
+                for name, weights in trained.items():
+                    params[name].copy_(weights)
+
+    def load_into(self, module: nn.Module) -> None:
+        """Leave the averages in ``module`` for good (the end of training)."""
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, average in self.averages.items():
+                params[name].copy_(average)

@@ -5,7 +5,9 @@
 differentiable module in DDP (``prepare_model``; gloo on CPU, NCCL on GPUs) or FSDP2
 (``fully_shard``), and trains on its share of every global batch. Every ``checkpoint_every``
 steps and at the end, the workers validate (nDCG@10 per mode), rank 0 writes a servable
-checkpoint, and all report it; Ray Train keeps the last ``keep_checkpoints``.
+checkpoint, and all report it; Ray Train keeps the last ``keep_checkpoints``. With ``ema_decay``
+the weights validated and saved are the moving average (:class:`WeightAverage`), and the trained
+weights travel in ``trainer_state.pt`` so a resumed run trains on from them.
 
 Resuming: Ray Train V2 reloads the run's checkpoint list from ``<output>/<name>`` when a run
 with the same name and storage path starts, and ``ray.train.get_checkpoint()`` returns the latest
@@ -21,12 +23,13 @@ Checkpoints are staged under the run's own storage (``<output>/<name>/.acare-sta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from acare_ray.training import checkpoint as ckpt
 from acare_ray.training.collator import GroupCollator
 from acare_ray.training.config import TrainConfig
 from acare_ray.training.loop import (
+    WeightAverage,
     build_optimizer,
     freeze_lowest,
     train_step,
@@ -149,6 +153,7 @@ class WorkerRun:
         self.scheduler = warmup_linear(
             self.optimizer, warmup_steps(self.total, config.warmup_ratio), self.total
         )
+        self.average = self._weight_average(trainer_state)
         if trainer_state is not None:
             ckpt.load_optimizer_state(self.model, self.optimizer, trainer_state["optimizer"])
             self.scheduler.load_state_dict(trainer_state["scheduler"])
@@ -163,13 +168,40 @@ class WorkerRun:
             FieldDropout(config.p_question, config.p_reasoning, config.seed),
         )
 
+    def _weight_average(self, trainer_state: dict[str, Any] | None) -> WeightAverage | None:
+        """The moving average of an ``ema_decay`` run. A checkpoint's weights are the average; a
+        resumed run takes its trained weights (and update count) from ``trainer_state``, or,
+        without them, goes on from the average itself."""
+        if self.config.ema_decay is None:
+            return None
+        saved = (trainer_state or {}).get("weight_average")
+        updates = saved["updates"] if saved else self.start_step
+        average = WeightAverage(self.module, self.config.ema_decay, updates=updates)
+        if saved:
+            params = dict(self.module.named_parameters())
+            with torch.no_grad():
+                for name, weights in saved["trained"].items():
+                    params[name].copy_(weights)
+        return average
+
+    @contextlib.contextmanager
+    def evaluated_weights(self) -> Iterator[dict[str, torch.Tensor] | None]:
+        """Inside, the model holds the weights that are validated and saved: the moving average
+        with ``ema_decay`` (yielding the trained weights, restored on exit), else the trained
+        weights themselves (yielding None)."""
+        if self.average is None:
+            yield None
+            return
+        with self.average.applied(self.module) as trained:
+            yield trained
+
     def validation(self) -> dict[str, float]:
         """nDCG@10 per mode on the validation groups (all ranks take part)."""
         if not self.val:
             return {}
         self.module.eval()
         try:
-            with ckpt.full_parameters(self.model):
+            with ckpt.full_parameters(self.model), self.evaluated_weights():
                 return validate(
                     self.scorer,
                     self.val,
@@ -182,7 +214,9 @@ class WorkerRun:
             self.module.train()
 
     def fit(self) -> list[dict[str, Any]]:
-        """Train from ``start_step`` to the last step; returns the metric history."""
+        """Train from ``start_step`` to the last step; returns the metric history. Afterwards
+        the in-memory model holds the weights of the last checkpoint (with ``ema_decay``, the
+        average)."""
         import ray.train
 
         config = self.config
@@ -199,7 +233,7 @@ class WorkerRun:
             if self.rank == 0:
                 log.info("step 0: %s", metrics)
         if self.should_stop():
-            return self.history
+            return self._finish()
 
         losses, started = [], time.perf_counter()
         elapsed_before = float(self.history[-1].get("elapsed_s", 0.0)) if self.history else 0.0
@@ -221,6 +255,8 @@ class WorkerRun:
                 device=self.device,
                 cpu_bf16=config.cpu_bf16,
             )
+            if self.average is not None:
+                self.average.update(self.module)
             losses.append(stats.loss)
             done = step + 1
             if self.rank == 0 and (done % config.log_every == 0 or done == self.total):
@@ -255,6 +291,11 @@ class WorkerRun:
                 self.save_and_report(metrics)
                 if stop:
                     break
+        return self._finish()
+
+    def _finish(self) -> list[dict[str, Any]]:
+        if self.average is not None:
+            self.average.load_into(self.module)
         self.module.eval()
         return self.history
 
@@ -314,7 +355,14 @@ class WorkerRun:
         return True
 
     def save_and_report(self, metrics: dict[str, Any]) -> None:
-        """Rank 0 writes a checkpoint of the current weights; every rank reports ``metrics``."""
+        """Rank 0 writes a checkpoint of the evaluated weights (:meth:`evaluated_weights`);
+        every rank reports ``metrics``."""
+        with self.evaluated_weights() as trained:
+            self._save_and_report(metrics, trained)
+
+    def _save_and_report(
+        self, metrics: dict[str, Any], trained: dict[str, torch.Tensor] | None
+    ) -> None:
         import ray.train
 
         optimizer_state = ckpt.optimizer_state(self.model, self.optimizer)
@@ -348,6 +396,8 @@ class WorkerRun:
                 if chosen is not None:
                     info["selection"] = {"metric": config.select_metric, **chosen.as_dict()}
                 state = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict()}
+                if trained is not None:
+                    state["weight_average"] = {"updates": self.average.updates, "trained": trained}
                 ckpt.write_checkpoint(
                     staged,
                     self.scorer,

@@ -55,6 +55,8 @@ def test_lever_flags_become_the_config():
     assert (config.chunk_tokens, config.freeze_embeddings, config.freeze_layers) == (1024, True, 2)
     plain = _config(["--data", "g.parquet"])
     assert (plain.chunk_tokens, plain.freeze_embeddings, plain.freeze_layers) == (None, False, 0)
+    assert _config(shlex.split("--data g.parquet --ema-decay 0.98")).ema_decay == 0.98
+    assert plain.ema_decay is None
 
 
 def test_defaults_follow_the_design():
@@ -87,6 +89,8 @@ def test_job_spec_is_a_runtime_env_whose_entrypoint_parses():
         ("eval_modes", ("M5",), "eval_modes: 'M5' is not one of"),
         ("p_question", 1.5, "p_question must be in"),
         ("name", "a/b", "name must be a non-empty folder name"),
+        ("ema_decay", 1.0, "ema_decay must be in \\(0, 1\\), got 1.0"),
+        ("ema_decay", "0.9", "ema_decay must be a number in"),
     ],
 )
 def test_bad_setting_is_named(field, value, message):
@@ -102,6 +106,13 @@ def test_resume_mismatches_name_the_settings_that_change_the_data_order():
         "seed: saved 0, now 1",
     ]
     assert TrainConfig.from_dict(saved) == TrainConfig(data="g.parquet", seed=0, lr=1e-5)
+    averaged = TrainConfig(data="g.parquet", seed=0, ema_decay=0.98)
+    assert averaged.resume_mismatches(saved) == ["ema_decay: saved None, now 0.98"]
+
+
+def test_a_weight_average_is_refused_with_sharded_weights():
+    with pytest.raises(ValueError, match="ema_decay is not supported with strategy 'fsdp'"):
+        TrainConfig(data="g.parquet", strategy="fsdp", ema_decay=0.98)
 
 
 def test_the_scorer_section_is_the_one_the_jobs_and_the_app_take():

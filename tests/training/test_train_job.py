@@ -397,6 +397,79 @@ def test_relaunch_without_trainer_state_resumes_from_the_checkpoint_weights(rest
     assert list(staging.iterdir()) == []  # staged copies removed once persisted, leftovers cleared
 
 
+def _hf_keys(weights: dict) -> dict:
+    """Training-module parameter names (``lm.model.…``) as the saved model names them."""
+    return {key.split(".", 1)[1]: value for key, value in weights.items()}
+
+
+@pytest.fixture(scope="module")
+def averaged(ray_local, task, tiny_qwen3_dir, tmp_path_factory):
+    """The reference run with a moving average of the weights (ema_decay 0.7)."""
+    root = tmp_path_factory.mktemp("averaged")
+    config = replace(_config(task, tiny_qwen3_dir, root, "averaged"), ema_decay=0.7)
+    return config, build_trainer(config, train_fn=_train_and_probe).fit()
+
+
+def test_weight_averaged_run_trains_as_without_and_saves_the_average(averaged, reference):
+    """The average changes what is validated and saved, not the training: the trained weights
+    the final checkpoint keeps for resuming equal the plain run's, the saved (servable) weights
+    are the average, which differs from them, and the loaded checkpoint scores as the model
+    in memory after the run."""
+    _, result = averaged
+    _, ref_result = reference
+    final = Path(result.checkpoint.path)
+    _scores_as_in_memory(final, result)
+    state = torch.load(final / "trainer_state.pt", weights_only=True)["weight_average"]
+    assert state["updates"] == 12
+    trained = _hf_keys(state["trained"])
+    plain = load_file(Path(ref_result.checkpoint.path) / "model.safetensors")
+    saved = load_file(final / "model.safetensors")
+    common = trained.keys() & plain.keys()
+    assert len(common) == len(plain)
+    for key in common:
+        np.testing.assert_allclose(trained[key], plain[key], atol=1e-6, err_msg=key)
+    gaps = [float((saved[key] - trained[key]).abs().max()) for key in common]
+    assert max(gaps) > 1e-4  # the saved weights are not the trained ones (equal: < 1e-6)
+    history = read_training_info(final)["history"]
+    assert [h["step"] for h in history] == [0, 4, 8, 12]
+
+
+@pytest.fixture(scope="module")
+def averaged_restarted(averaged, task, tiny_qwen3_dir, tmp_path_factory):
+    """The averaged run, its worker group failed by rank 1 right after the step-4 checkpoint."""
+    root = tmp_path_factory.mktemp("averaged-restarted")
+    config = replace(averaged[0], output=str(root / "runs"), name="averaged", max_failures=1)
+    train_fn = _failing(str(root), {4: (1, None)})
+    return root, build_trainer(config, train_fn=train_fn).fit()
+
+
+def test_weight_averaged_run_restarted_goes_on_from_its_trained_weights(
+    averaged_restarted, averaged
+):
+    """A restart of an averaged run resumes training from the trained weights (not the saved
+    average) and the average from the checkpoint with its update count, so the final
+    checkpoint equals the uninterrupted run's, average and trained weights alike."""
+    root, result = averaged_restarted
+    _, uninterrupted = averaged
+    assert (root / "crashed-at-4").exists()
+    final, reference_final = Path(result.checkpoint.path), Path(uninterrupted.checkpoint.path)
+    assert read_training_info(final)["resumes"] == [4]
+    resumed, expected = (
+        load_file(final / "model.safetensors"),
+        load_file(reference_final / "model.safetensors"),
+    )
+    assert resumed.keys() == expected.keys()
+    for key in resumed:
+        np.testing.assert_allclose(resumed[key], expected[key], atol=1e-6, err_msg=key)
+    states = [
+        torch.load(folder / "trainer_state.pt", weights_only=True)["weight_average"]
+        for folder in (final, reference_final)
+    ]
+    assert states[0]["updates"] == states[1]["updates"] == 12
+    for key, weights in states[0]["trained"].items():
+        np.testing.assert_allclose(weights, states[1]["trained"][key], atol=1e-6, err_msg=key)
+
+
 def test_relaunch_with_other_settings_is_refused(reference, task, tiny_qwen3_dir):
     config, result = reference
     changed = _config(task, tiny_qwen3_dir, config.output, "reference")

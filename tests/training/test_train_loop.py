@@ -10,6 +10,7 @@ from acare_ray.scoring import FieldDropout, Scorer
 from acare_ray.training.collator import GroupCollator
 from acare_ray.training.groups import parse_groups
 from acare_ray.training.loop import (
+    WeightAverage,
     build_optimizer,
     train_step,
     trainable_module,
@@ -122,3 +123,40 @@ def test_biases_and_norms_get_no_weight_decay(tiny_scorer):
     assert all(p.dim() >= 2 for p in by_decay[0.1])
     assert by_decay[0.0] and all(p.dim() == 1 for p in by_decay[0.0])
     assert sum(len(ps) for ps in by_decay.values()) == len(list(module.parameters()))
+
+
+def test_weight_average_follows_the_weights_with_a_warming_decay():
+    """The average after each update is the hand-computed EMA with the warmed-up decay
+    ``min(decay, (1 + n) / (10 + n))``; frozen weights are not averaged; inside ``applied`` the
+    module holds the averages and gets its trained weights back on exit."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    module[1].bias.requires_grad_(False)
+    average = WeightAverage(module, decay=0.2)
+    assert set(average.averages) == {"0.weight", "0.bias", "1.weight"}
+    expected = module[0].weight.detach().clone()
+    rates = []
+    for step in range(4):
+        with torch.no_grad():
+            for param in module.parameters():
+                param.add_(float(step + 1))
+        rate = min(0.2, (1 + step) / (10 + step))
+        rates.append(average.rate())
+        expected = rate * expected + (1 - rate) * module[0].weight.detach()
+        average.update(module)
+    assert rates == pytest.approx([0.1, 2 / 11, 0.2, 0.2])  # warming up, then capped at decay
+    torch.testing.assert_close(average.averages["0.weight"], expected)
+
+    trained = {name: p.detach().clone() for name, p in module.named_parameters()}
+    with average.applied(module) as kept:
+        torch.testing.assert_close(module[0].weight, average.averages["0.weight"])
+        assert not torch.equal(module[0].weight, trained["0.weight"])
+        torch.testing.assert_close(kept["0.weight"], trained["0.weight"])
+        assert torch.equal(module[1].bias, trained["1.bias"])  # frozen: untouched
+    for name, param in module.named_parameters():
+        assert torch.equal(param, trained[name]), name
+
+
+def test_weight_average_refuses_a_decay_outside_0_1():
+    with pytest.raises(ValueError, match="decay must be in"):
+        WeightAverage(torch.nn.Linear(2, 1), decay=1.0)
