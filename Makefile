@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined clean
+.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-ema clean
 
 install: $(VENV)/.installed
 
@@ -53,6 +53,11 @@ bench: install
 SEED ?= 0
 recipe: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa.yaml --seed $(SEED) --stages data,baseline,train,fit,test,cost,loop,report
+
+# The recipe with a moving average of the weights validated and saved (ema_decay 0.98); the
+# zero-training control is the recipe's.
+recipe-ema: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-ema.yaml --seed $(SEED) --stages data,train,fit,test,cost,loop,report
 
 # One round of self-mined hard negatives on top of `make recipe` for the same seed (run that first).
 recipe-mined: install

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 from benchmarks_import import BENCHMARKS, benchmark_modules
 
@@ -58,6 +59,32 @@ def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoin
         recipe.split_seed,
         recipe.negatives,
     )
+
+
+def test_the_documented_averaged_recipe_is_the_recipe_with_one_change():
+    """docs/training.md's and `make recipe-ema`'s command for the recipe with a moving average
+    of the weights: it parses as written, leaves the baseline out, and its config is the
+    committed recipe with its own work_dir and ema_decay, nothing else."""
+    import argparse
+
+    doc = (BENCHMARKS.parent / "docs" / "training.md").read_text().splitlines()
+    makefile = (BENCHMARKS.parent / "Makefile").read_text()
+    block = makefile.split("\nrecipe-ema:", 1)[1].split("\n\n", 1)[0]
+    make_line = next(x for x in block.splitlines() if "adopt" in x)
+    (doc_line,) = [x for x in doc if x.startswith("acare adopt") and "-ema" in x]
+    make_argv = shlex.split(make_line.replace("$(SEED)", "0").replace("$(BIN)/", ""))
+    argv = shlex.split(doc_line)
+    assert make_argv[make_argv.index("acare") :] == argv
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv[1:])
+    stages = args.stages.split(",")
+    assert set(stages) <= set(STAGES) and "train" in stages and "baseline" not in stages
+    averaged = AdoptConfig.read(BENCHMARKS.parent / args.config)
+    recipe = AdoptConfig.read(BENCHMARKS.parent / CONFIG_PATH)
+    assert averaged.train.pop("ema_decay") == 0.98 and "ema_decay" not in recipe.train
+    assert averaged.work_dir != recipe.work_dir
+    assert replace(averaged, work_dir=recipe.work_dir) == recipe
 
 
 def test_the_benchmark_script_is_the_same_command():
