@@ -44,7 +44,13 @@ from acare_ray.scoring import FieldDropout, Scorer
 from acare_ray.scoring.cross_encoder import length_chunks
 from acare_ray.training.collator import GroupCollator
 from acare_ray.training.config import TrainConfig
-from acare_ray.training.loop import build_optimizer, freeze_lowest, train_step, trainable_module
+from acare_ray.training.loop import (
+    build_optimizer,
+    freeze_lowest,
+    train_step,
+    trainable_module,
+    use_cpu_bf16,
+)
 from acare_ray.training.plan import load_splits, step_groups
 from acare_ray.training.validation import metric_key, validate
 from benchmarks.report import commands_block, environment, write_report
@@ -163,7 +169,7 @@ def run_lever(
             temperature=config.temperature,
             max_grad_norm=config.max_grad_norm,
             device=device,
-            cpu_bf16=config.cpu_bf16,
+            cpu_bf16=use_cpu_bf16(config.cpu_bf16),
         )
         seconds = time.perf_counter() - started
         used += seconds

@@ -63,7 +63,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "max_failures": 3,
     "log_every": 10,
     "scorer": {"max_length": 320},
-    "cpu_bf16": True,
+    "cpu_bf16": "auto",
     "time_budget_s": 7200.0,
 }
 

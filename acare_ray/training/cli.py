@@ -12,6 +12,13 @@ _DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name != "data"}
 _TUPLES = ("data_weights",)
 
 
+def _cpu_bf16(text: str) -> bool | str:
+    choices = {"on": True, "off": False, "auto": "auto"}
+    if text not in choices:
+        raise argparse.ArgumentTypeError(f"--cpu-bf16: choose on, off or auto, got {text!r}")
+    return choices[text]
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
@@ -81,8 +88,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--max-length", type=int, default=None, help="prompt token limit (scorer.max_length)")
     add(
         "--cpu-bf16",
-        action="store_true",
-        help="bf16 autocast for CPU training (weights stay float32; GPUs always use it)",
+        nargs="?",
+        const=True,
+        default=d["cpu_bf16"],
+        type=_cpu_bf16,
+        metavar="{on,off,auto}",
+        help="bf16 autocast for CPU training (weights stay float32; GPUs always use it); "
+        "alone: on; auto: only on CPUs with native bf16, where it is a speed-up",
     )
     add(
         "--chunk-tokens",

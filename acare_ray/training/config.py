@@ -68,7 +68,8 @@ class TrainConfig:
     the batching of validation); the worker decides the device and float32 weights, so
     ``device`` and ``dtype`` are refused there.
 
-    Speed levers (docs/training.md has their measurement): ``cpu_bf16`` (bf16 autocast on CPU),
+    Speed levers (docs/training.md has their measurement): ``cpu_bf16`` (bf16 autocast on CPU;
+    ``"auto"``: only on CPUs with native bf16, float32 elsewhere, where emulated bf16 is far slower),
     ``chunk_tokens`` (cross-encoders: each micro-batch's pairs run sorted by length in chunks of
     at most that many padded tokens; same scores, less padding), ``freeze_embeddings`` and
     ``freeze_layers`` (the embeddings and the lowest N transformer layers get no gradient and no
@@ -123,7 +124,7 @@ class TrainConfig:
     max_failures: int = 0
     log_every: int = 10
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
-    cpu_bf16: bool = False
+    cpu_bf16: bool | str = False
     chunk_tokens: int | None = None
     freeze_embeddings: bool = False
     freeze_layers: int = 0
@@ -171,6 +172,8 @@ class TrainConfig:
             or self.freeze_layers < 0
         ):
             raise ValueError(f"freeze_layers must be an integer >= 0, got {self.freeze_layers!r}")
+        if not (isinstance(self.cpu_bf16, bool) or self.cpu_bf16 == "auto"):
+            raise ValueError(f"cpu_bf16 must be true, false or 'auto', got {self.cpu_bf16!r}")
         if self.ema_decay is not None:
             if isinstance(self.ema_decay, bool) or not isinstance(self.ema_decay, int | float):
                 raise ValueError(f"ema_decay must be a number in (0, 1), got {self.ema_decay!r}")

@@ -48,6 +48,7 @@ from acare_ray.training.loop import (
     freeze_lowest,
     train_step,
     trainable_module,
+    use_cpu_bf16,
     warmup_linear,
     warmup_steps,
 )
@@ -99,8 +100,18 @@ class WorkerRun:
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
         self.device = get_device()
+        self.cpu_bf16 = False
         if self.device.type == "cpu":
             torch.set_num_threads(config.cpus_per_worker)
+            self.cpu_bf16 = use_cpu_bf16(config.cpu_bf16)
+            if self.rank == 0 and config.cpu_bf16 == "auto":
+                log.info(
+                    "cpu_bf16 auto: %s",
+                    "this CPU has native bf16, training under bf16 autocast"
+                    if self.cpu_bf16
+                    else "this CPU has no native bf16 (emulated bf16 is many times slower), "
+                    "training in float32",
+                )
 
         if self.rank == 0:  # what a killed save left behind; no save is under way yet
             shutil.rmtree(ckpt.staging_root(config.output, config.name), ignore_errors=True)
@@ -253,7 +264,7 @@ class WorkerRun:
                 temperature=config.temperature,
                 max_grad_norm=config.max_grad_norm,
                 device=self.device,
-                cpu_bf16=config.cpu_bf16,
+                cpu_bf16=self.cpu_bf16,
             )
             if self.average is not None:
                 self.average.update(self.module)

@@ -57,6 +57,16 @@ def test_lever_flags_become_the_config():
     assert (plain.chunk_tokens, plain.freeze_embeddings, plain.freeze_layers) == (None, False, 0)
     assert _config(shlex.split("--data g.parquet --ema-decay 0.98")).ema_decay == 0.98
     assert plain.ema_decay is None
+    assert plain.cpu_bf16 is False
+    assert _config(["--data", "g.parquet", "--cpu-bf16"]).cpu_bf16 is True
+    assert _config(["--data", "g.parquet", "--cpu-bf16", "auto"]).cpu_bf16 == "auto"
+    assert _config(["--data", "g.parquet", "--cpu-bf16", "off"]).cpu_bf16 is False
+
+
+def test_a_bad_cpu_bf16_choice_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        _config(["--data", "g.parquet", "--cpu-bf16", "yes"])
+    assert "--cpu-bf16: choose on, off or auto, got 'yes'" in capsys.readouterr().err
 
 
 def test_defaults_follow_the_design():
@@ -91,6 +101,8 @@ def test_job_spec_is_a_runtime_env_whose_entrypoint_parses():
         ("name", "a/b", "name must be a non-empty folder name"),
         ("ema_decay", 1.0, "ema_decay must be in \\(0, 1\\), got 1.0"),
         ("ema_decay", "0.9", "ema_decay must be a number in"),
+        ("cpu_bf16", "yes", "cpu_bf16 must be true, false or 'auto', got 'yes'"),
+        ("cpu_bf16", 1, "cpu_bf16 must be true, false or 'auto', got 1"),
     ],
 )
 def test_bad_setting_is_named(field, value, message):

@@ -14,6 +14,7 @@ from acare_ray.training.loop import (
     build_optimizer,
     train_step,
     trainable_module,
+    use_cpu_bf16,
     warmup_linear,
 )
 from acare_ray.training.loss import lce_loss
@@ -160,3 +161,16 @@ def test_weight_average_follows_the_weights_with_a_warming_decay():
 def test_weight_average_refuses_a_decay_outside_0_1():
     with pytest.raises(ValueError, match="decay must be in"):
         WeightAverage(torch.nn.Linear(2, 1), decay=1.0)
+
+
+def test_cpu_bf16_auto_follows_the_cpus_native_bf16(monkeypatch):
+    """``cpu_bf16: auto`` (the recipe's) trains under bf16 autocast only where the CPU has native
+    bf16; an explicit true or false is kept whatever the CPU."""
+    import acare_ray.training.loop as loop
+
+    for native in (True, False):
+        monkeypatch.setattr(loop, "native_cpu_bf16", lambda native=native: native)
+        assert use_cpu_bf16("auto") is native
+        assert use_cpu_bf16(True) is True and use_cpu_bf16(False) is False
+    with pytest.raises(ValueError, match="cpu_bf16 must be true, false or 'auto'"):
+        use_cpu_bf16("on")
