@@ -64,7 +64,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "log_every": 10,
     "scorer": {"max_length": 320},
     "cpu_bf16": "auto",
-    "time_budget_s": 7200.0,
+    "time_budget_s": 14400.0,
 }
 
 
