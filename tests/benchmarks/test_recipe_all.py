@@ -31,23 +31,29 @@ def test_make_recipe_runs_acare_adopt_with_the_committed_config():
     assert config.primary.name == "traces"
 
 
-def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoints():
-    """docs/training.md's and `make recipe-mined`'s command for the self-mining round (an
-    hour-long run per seed): it parses as written, leaves the baseline out, and its config
-    mines with the full-pass recipe's work_dir over the same sources and split."""
+def _documented_adopt_args(target: str, marker: str):
+    """The `acare adopt` line of docs/training.md holding ``marker``, checked to be `make
+    <target>`'s command word for word, parsed by the adopt command's own parser."""
     import argparse
 
     doc = (BENCHMARKS.parent / "docs" / "training.md").read_text().splitlines()
     makefile = (BENCHMARKS.parent / "Makefile").read_text()
-    block = makefile.split("\nrecipe-mined:", 1)[1].split("\n\n", 1)[0]
+    block = makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
     make_line = next(x for x in block.splitlines() if "adopt" in x)
-    (doc_line,) = [x for x in doc if x.startswith("acare adopt") and "mined" in x]
+    (doc_line,) = [x for x in doc if x.startswith("acare adopt") and marker in x]
     make_argv = shlex.split(make_line.replace("$(SEED)", "0").replace("$(BIN)/", ""))
     argv = shlex.split(doc_line)
     assert make_argv[make_argv.index("acare") :] == argv
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv[1:])
+    return parser.parse_args(argv[1:])
+
+
+def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoints():
+    """docs/training.md's and `make recipe-mined`'s command for the self-mining round (an
+    hour-long run per seed): it parses as written, leaves the baseline out, and its config
+    mines with the full-pass recipe's work_dir over the same sources and split."""
+    args = _documented_adopt_args("recipe-mined", "mined")
     stages = args.stages.split(",")
     assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
     mined = AdoptConfig.read(BENCHMARKS.parent / args.config)
@@ -65,19 +71,7 @@ def test_the_documented_averaged_recipe_is_the_recipe_with_one_change():
     """docs/training.md's and `make recipe-ema`'s command for the recipe with a moving average
     of the weights: it parses as written, leaves the baseline out, and its config is the
     committed recipe with its own work_dir and ema_decay, nothing else."""
-    import argparse
-
-    doc = (BENCHMARKS.parent / "docs" / "training.md").read_text().splitlines()
-    makefile = (BENCHMARKS.parent / "Makefile").read_text()
-    block = makefile.split("\nrecipe-ema:", 1)[1].split("\n\n", 1)[0]
-    make_line = next(x for x in block.splitlines() if "adopt" in x)
-    (doc_line,) = [x for x in doc if x.startswith("acare adopt") and "-ema" in x]
-    make_argv = shlex.split(make_line.replace("$(SEED)", "0").replace("$(BIN)/", ""))
-    argv = shlex.split(doc_line)
-    assert make_argv[make_argv.index("acare") :] == argv
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv[1:])
+    args = _documented_adopt_args("recipe-ema", "-ema")
     stages = args.stages.split(",")
     assert set(stages) <= set(STAGES) and "train" in stages and "baseline" not in stages
     averaged = AdoptConfig.read(BENCHMARKS.parent / args.config)
