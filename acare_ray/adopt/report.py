@@ -61,6 +61,32 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def validation_points(fit: dict[str, Any]) -> dict[str, float | None] | None:
+    """A fusion fit's own grid read at three points, on the validation lists it was fitted on:
+    ``first_stage`` (``linear:alpha=0``, the first-stage order), ``alone`` (``linear:alpha=1``,
+    the reranker on its own) and ``stored`` (the stored setting; the pass-through setting is a
+    grid point too). None when the grid lacks either end."""
+    measure = (fit.get("fitted") or {}).get("objective", "nDCG@10")
+    points = {row["fusion"]: row.get(measure) for row in fit.get("grid") or ()}
+    first, alone = points.get("linear:alpha=0"), points.get("linear:alpha=1")
+    if first is None or alone is None:
+        return None
+    return {"first_stage": first, "alone": alone, "stored": points.get(fit.get("label"))}
+
+
+def _alone_line(mode: str, fit: dict[str, Any]) -> str:
+    """`` On these questions: first stage x, M3 alone y, stored z.``: the reranker on its own
+    on the validation lists, where the test section shows it on the test lists."""
+    points = validation_points(fit)
+    if points is None:
+        return ""
+    first, alone = points["first_stage"], points["alone"]
+    return (
+        f" On these questions (nDCG@10): first stage {_fmt(first)}, {mode} alone {_fmt(alone)}"
+        f" ({alone - first:+.3f}), stored `{fit['label']}` {_fmt(points['stored'])}."
+    )
+
+
 def _system_table(metrics: dict[str, Any], sessions: dict[str, Any] | None) -> list[str]:
     lines = [
         "| system | nDCG@10 [95% CI] | Recall@10 | session recall |",
@@ -200,6 +226,7 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
                 + f"; chosen `{fitted.get('chosen')}`, cross-validated gain "
                 f"{_fmt(cv.get('mean'), 4)} [{_fmt(cv.get('low'), 4)}, {_fmt(cv.get('high'), 4)}]"
                 f" on {fitted.get('questions')} questions. {fitted.get('reason')}."
+                + _alone_line(mode, f)
             )
     if test:
         lines += [

@@ -14,6 +14,9 @@ the worst seed. Then the verdict the adopt issue asks of the recipe:
 - in the agent loop, mean over the seeds: the stored system solves at least as many tasks as
   BM25 with no more searches per task, or a seed stored the first-stage order (said).
 
+Beside the verdict, not part of it: the reranker alone (unfused M3) per seed, on test against
+the first stage and on the validation lists the fusion was fitted on, with its across-seed gain.
+
 Writes ``<work_dir>/seeds.md`` and ``seeds.json``. Seeds whose test stage has not run are
 listed as missing; the verdict needs them all.
 """
@@ -25,6 +28,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from acare_ray.adopt.report import validation_points
 
 MIN_MEAN_GAIN = 0.02
 ALPHA = 0.05
@@ -53,7 +58,7 @@ def seed_record(seed_dir: Path) -> dict[str, Any] | None:
     fit = (_read(seed_dir / "fit.json") or {}).get("M3", {})
     record: dict[str, Any] = {
         "stored": stored,
-        "fit_decision": fit.get("decision"),
+        "fit_decision": (fit.get("fitted") or {}).get("decision"),
         "first_stage": vs_first["mean_a"],
         "fused_m3": vs_first["mean_b"],
         "gain": vs_first["diff"],
@@ -66,6 +71,17 @@ def seed_record(seed_dir: Path) -> dict[str, Any] | None:
         "m3_over_m0_p_holm": vs_m0["p_holm"] if vs_m0 else None,
         "decision": (report.get("overall") or {}).get("decision"),
     }
+    alone = _row(tests, "first_stage", "M3")
+    if alone is not None:
+        record["unfused_m3"] = {
+            "mean": alone["mean_b"],
+            "gain": alone["diff"],
+            "ci95": alone["ci95"],
+            "p_holm": alone["p_holm"],
+        }
+    validation = validation_points(fit)
+    if validation is not None:
+        record["validation"] = validation
     loop = _read(seed_dir / "loop.json")
     if loop is not None:
         systems = loop["report"]["systems"]
@@ -110,6 +126,9 @@ def summarize_seeds(
         "fused_m3": _spread([r["fused_m3"] for r in done.values()]),
         "first_stage": _spread([r["first_stage"] for r in done.values()]),
     }
+    unfused = [r["unfused_m3"]["gain"] for r in done.values() if "unfused_m3" in r]
+    if len(unfused) == len(done):
+        across["unfused_gain"] = _spread(unfused)
     m0 = [r["fused_m0"] for r in done.values() if r["fused_m0"] is not None]
     if len(m0) == len(done):
         across["fused_m0"] = _spread(m0)
@@ -208,12 +227,51 @@ def seeds_markdown(summary: dict[str, Any]) -> str:
                 f"{loop['bm25_solved']:.1f}; searches per task {loop['searches_per_task']:.2f} "
                 f"vs {loop['bm25_searches_per_task']:.2f}."
             )
+        lines += _unfused_lines(summary)
         lines += ["", "| check | holds |", "|---|---|"]
         lines += [f"| {name} | {'yes' if ok else 'no'} |" for name, ok in summary["checks"].items()]
     verdict = summary["verdict"]
     word = {True: "holds", False: "does not hold", None: "undecided"}[verdict["holds"]]
     lines += ["", f"**Verdict: the claim {word}** ({verdict['reason']})."]
     return "\n".join(lines) + "\n"
+
+
+def _unfused_lines(summary: dict[str, Any]) -> list[str]:
+    """The reranker alone (unfused M3) per seed: on test against the first stage, and on the
+    validation lists the fusion was fitted on; then its across-seed gain. Reported beside the
+    verdict (which judges the stored system), not part of it."""
+    rows = [(seed, r) for seed, r in summary["per_seed"].items() if "unfused_m3" in r]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "The reranker alone (unfused M3), beside the verdict, not part of it: on test against "
+        "the first stage (session-paired, Holm within the seed) and on the validation lists the "
+        "fusion was fitted on (the fit's grid: `linear:alpha=0` and `alpha=1`).",
+        "",
+        "| seed | test: first stage | M3 alone | gain [95% CI] | Holm p | validation: first "
+        "stage | M3 alone | gain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for seed, r in rows:
+        u, v = r["unfused_m3"], r.get("validation") or {}
+        low, high = u["ci95"] or (None, None)
+        first, alone = v.get("first_stage"), v.get("alone")
+        lines.append(
+            f"| {seed} | {_f(r['first_stage'])} | {_f(u['mean'])} | {_f(u['gain'], sign=True)} "
+            f"[{_f(low, sign=True)}, {_f(high, sign=True)}] | {u['p_holm']:.3g} | {_f(first)} | "
+            f"{_f(alone)} | "
+            + (_f(alone - first, sign=True) if first is not None and alone is not None else "-")
+            + " |"
+        )
+    gain = (summary.get("across") or {}).get("unfused_gain")
+    if gain:
+        lines += [
+            "",
+            f"Unfused M3 across {len(rows)} seeds: gain mean {gain['mean']:+.3f}, spread "
+            f"{gain['spread']:.3f}, worst {gain['worst']:+.3f}.",
+        ]
+    return lines
 
 
 def write_summary(work: Path, seeds: Sequence[int]) -> dict[str, Any]:

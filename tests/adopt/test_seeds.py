@@ -61,3 +61,42 @@ def test_a_missing_seed_leaves_the_verdict_open_and_the_cli_writes_the_summary(t
     text = (tmp_path / "seeds.md").read_text()
     assert "| 0 | M3+linear:alpha=0.3 | 0.800 | 0.845 | +0.045 [+0.024, +0.069]" in text
     assert main(["adopt", "--config", str(config), "--summarize-seeds", "0,x"]) == 2
+
+
+def test_the_reranker_alone_is_reported_per_seed_and_across_beside_the_verdict(tmp_path):
+    write_seed(tmp_path, 0, 0.07, (0.04, 0.10), 0.0005, unfused=(-0.034, (-0.092, 0.023), 0.26))
+    write_seed(tmp_path, 1, 0.07, (0.04, 0.10), 0.0005, unfused=(0.008, (-0.043, 0.059), 0.75))
+    summary = write_summary(tmp_path, [0, 1])
+    assert summary["per_seed"][0]["unfused_m3"] == {
+        "mean": pytest.approx(0.766),
+        "gain": -0.034,
+        "ci95": [-0.092, 0.023],
+        "p_holm": 0.26,
+    }
+    assert summary["per_seed"][1]["validation"] == {
+        "first_stage": pytest.approx(0.70), "alone": pytest.approx(0.80),
+        "stored": pytest.approx(0.73),
+    }  # fmt: skip
+    gain = summary["across"]["unfused_gain"]
+    assert gain["mean"] == pytest.approx(-0.013) and gain["worst"] == pytest.approx(-0.034)
+    assert gain["spread"] == pytest.approx(0.042)
+    # Beside the verdict, not part of it: a losing reranker alone does not fail the stored claim.
+    assert summary["verdict"]["holds"] is True
+    text = (tmp_path / "seeds.md").read_text()
+    assert "| 0 | 0.800 | 0.766 | -0.034 [-0.092, +0.023] | 0.26 | 0.700 | 0.800 | +0.100 |" in text
+    assert "Unfused M3 across 2 seeds: gain mean -0.013, spread 0.042, worst -0.034." in text
+
+
+def test_without_an_unfused_test_row_the_summary_says_nothing_of_it(tmp_path):
+    write_seed(tmp_path, 0, 0.045, (0.024, 0.069), 0.0005)
+    summary = write_summary(tmp_path, [0])
+    assert "unfused_m3" not in summary["per_seed"][0] and "unfused_gain" not in summary["across"]
+    assert "unfused" not in (tmp_path / "seeds.md").read_text()
+
+
+def test_a_seed_that_stored_the_first_stage_order_exempts_the_loop_check(tmp_path):
+    """The fit's decision is read where the fit stage writes it (``fitted.decision``)."""
+    write_seed(tmp_path, 0, 0.0, (0.0, 0.0), 1.0, fit="pass-through", solved=90)
+    summary = summarize_seeds(tmp_path, [0])
+    assert summary["per_seed"][0]["fit_decision"] == "pass-through"
+    assert summary["checks"]["agent loop: solves as many tasks as BM25 with no more searches"]
