@@ -246,8 +246,9 @@ def _unfused_lines(summary: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "The reranker alone (unfused M3), beside the verdict, not part of it: on test against "
-        "the first stage (session-paired, Holm within the seed) and on the validation lists the "
-        "fusion was fitted on (the fit's grid: `linear:alpha=0` and `alpha=1`).",
+        "the first stage (session means, paired, Holm within the seed) and on the validation "
+        "lists the fusion was fitted on (search means, the fit's grid: `linear:alpha=0` and "
+        "`alpha=1`).",
         "",
         "| seed | test: first stage | M3 alone | gain [95% CI] | Holm p | validation: first "
         "stage | M3 alone | gain |",
