@@ -25,7 +25,11 @@ def write_seed(work: Path, seed: int, gain: float, ci: tuple[float, float], p: f
         tests.append({"a": "first_stage", "b": "M3", "sessions": 98, "mean_a": first,
                       "mean_b": first + alone[0], "diff": alone[0], "ci95": list(alone[1]),
                       "p": alone[2], "p_holm": alone[2]})  # fmt: skip
-    (folder / "test.json").write_text(json.dumps({"stored": STORED, "tests": tests}))
+    test = {"stored": STORED, "tests": tests}
+    if "bands" in kw:  # the test report's banding by the first stage, as the eval writes it
+        test["by_first_stage"] = {"measure": "nDCG@10", "baseline": "first_stage",
+                                  "bands": kw["bands"]}  # fmt: skip
+    (folder / "test.json").write_text(json.dumps(test))
     # fit.json as the fit stage writes it: the decision under "fitted", the whole grid beside.
     grid = [{"fusion": f"linear:alpha={a:g}", "nDCG@10": 0.70 + 0.1 * a} for a in (0, 0.3, 1)]
     fit = {"label": STORED.split("+", 1)[1], "grid": grid,

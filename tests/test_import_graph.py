@@ -19,6 +19,7 @@ LAYERS = [
     ("acare_ray.scoring",),
     (
         "acare_ray.eval.ir_metrics",
+        "acare_ray.eval.bands",
         "acare_ray.data.schema",
         "acare_ray.ranking.fusion",
         "acare_ray.eval.splits",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from acare_ray.adopt.config import AdoptConfig
+from acare_ray.eval.bands import bands_markdown
 
 
 def decide(fitted: dict[str, Any], row: dict[str, Any]) -> tuple[str, str]:
@@ -241,6 +242,16 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
         ]
         for agent, rows in test["per_agent"].items():
             lines += ["", f"Agent `{agent}`:", "", *_tests_table(rows)]
+        banded = test.get("by_first_stage")
+        if banded:
+            systems = ["first_stage", "M3", test["stored"]]
+            lines += [
+                "",
+                f"Searches banded by the first stage's own {banded['measure']}: each system's "
+                "mean in the band, (lost/won) against the first stage:",
+                "",
+                *bands_markdown(banded["bands"], systems, "first_stage"),
+            ]
     cost = results.get("cost")
     if cost:
         lines += [

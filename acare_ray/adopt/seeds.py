@@ -15,7 +15,9 @@ the worst seed. Then the verdict the adopt issue asks of the recipe:
   BM25 with no more searches per task, or a seed stored the first-stage order (said).
 
 Beside the verdict, not part of it: the reranker alone (unfused M3) per seed, on test against
-the first stage and on the validation lists the fusion was fitted on, with its across-seed gain.
+the first stage and on the validation lists the fusion was fitted on, with its across-seed gain;
+and the test searches banded by the first stage's own nDCG@10 (where a reranker can only lose,
+where it can only gain), means over the seeds.
 
 Writes ``<work_dir>/seeds.md`` and ``seeds.json``. Seeds whose test stage has not run are
 listed as missing; the verdict needs them all.
@@ -82,6 +84,9 @@ def seed_record(seed_dir: Path) -> dict[str, Any] | None:
     validation = validation_points(fit)
     if validation is not None:
         record["validation"] = validation
+    bands = (test.get("by_first_stage") or {}).get("bands")
+    if bands:
+        record["bands"] = [_band(b, stored) for b in bands]
     loop = _read(seed_dir / "loop.json")
     if loop is not None:
         systems = loop["report"]["systems"]
@@ -97,6 +102,38 @@ def seed_record(seed_dir: Path) -> dict[str, Any] | None:
                 "searches_per_task": m3["searches_per_task"],
             }
     return record
+
+
+def _band(band: dict[str, Any], stored: str) -> dict[str, Any]:
+    """One band of the test's first-stage banding, for the first stage, M3 alone and the
+    stored system (means; lost/won against the first stage)."""
+    out: dict[str, Any] = {"band": band["band"], "queries": band["queries"]}
+    for key, system in (("first_stage", "first_stage"), ("m3", "M3"), ("stored", stored)):
+        if system in band["mean"]:
+            out[key] = band["mean"][system]
+            if key != "first_stage":
+                out[f"{key}_lost"], out[f"{key}_won"] = band["lost"][system], band["won"][system]
+    return out
+
+
+def _across_bands(records: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Per band, the seeds' mean of each figure and the worst seed's M3 alone; None unless
+    every seed has the same bands over the same number of searches."""
+    shapes = {tuple((b["band"], b["queries"]) for b in r.get("bands", ())) for r in records}
+    if len(shapes) != 1 or not next(iter(shapes)):
+        return None
+    out = []
+    for i, (label, queries) in enumerate(next(iter(shapes))):
+        entry: dict[str, Any] = {"band": label, "queries": queries}
+        for key in ("first_stage", "m3", "stored", "m3_lost", "m3_won", "stored_lost"):
+            values = [r["bands"][i][key] for r in records if key in r["bands"][i]]
+            if len(values) == len(records):
+                entry[key] = statistics.fmean(values)
+        m3 = [r["bands"][i]["m3"] for r in records if "m3" in r["bands"][i]]
+        if len(m3) == len(records):
+            entry["m3_worst"] = min(m3)
+        out.append(entry)
+    return out
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -129,6 +166,9 @@ def summarize_seeds(
     unfused = [r["unfused_m3"]["gain"] for r in done.values() if "unfused_m3" in r]
     if len(unfused) == len(done):
         across["unfused_gain"] = _spread(unfused)
+    bands = _across_bands(list(done.values()))
+    if bands is not None:
+        across["bands"] = bands
     m0 = [r["fused_m0"] for r in done.values() if r["fused_m0"] is not None]
     if len(m0) == len(done):
         across["fused_m0"] = _spread(m0)
@@ -228,6 +268,7 @@ def seeds_markdown(summary: dict[str, Any]) -> str:
                 f"vs {loop['bm25_searches_per_task']:.2f}."
             )
         lines += _unfused_lines(summary)
+        lines += _band_lines(across.get("bands"), len(summary["per_seed"]))
         lines += ["", "| check | holds |", "|---|---|"]
         lines += [f"| {name} | {'yes' if ok else 'no'} |" for name, ok in summary["checks"].items()]
     verdict = summary["verdict"]
@@ -272,6 +313,36 @@ def _unfused_lines(summary: dict[str, Any]) -> list[str]:
             f"Unfused M3 across {len(rows)} seeds: gain mean {gain['mean']:+.3f}, spread "
             f"{gain['spread']:.3f}, worst {gain['worst']:+.3f}.",
         ]
+    return lines
+
+
+def _band_lines(bands: list[dict[str, Any]] | None, seeds: int) -> list[str]:
+    """Where the reranker gains and loses on test: searches banded by the first stage's own
+    nDCG@10, means over the seeds."""
+    if not bands:
+        return []
+    lines = [
+        "",
+        f"Where it gains and loses (test searches banded by the first stage's own nDCG@10; "
+        f"nDCG@10 means over the {seeds} seeds; lost/won: searches below / above the first "
+        "stage, mean over seeds):",
+        "",
+        "| first-stage band | searches | first stage | M3 alone | M3 alone, worst seed | "
+        "M3 lost/won | stored | stored lost |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for b in bands:
+        if not b["queries"]:
+            lines.append(f"| {b['band']} | 0 | - | - | - | - | - | - |")
+            continue
+        lost_won = (
+            f"{b['m3_lost']:.1f}/{b['m3_won']:.1f}" if "m3_lost" in b and "m3_won" in b else "-"
+        )
+        stored_lost = f"{b['stored_lost']:.1f}" if "stored_lost" in b else "-"
+        lines.append(
+            f"| {b['band']} | {b['queries']} | {_f(b.get('first_stage'))} | {_f(b.get('m3'))} | "
+            f"{_f(b.get('m3_worst'))} | {lost_won} | {_f(b.get('stored'))} | {stored_lost} |"
+        )
     return lines
 
 

@@ -500,6 +500,8 @@ def test_stage(config: AdoptConfig, checkpoint: str, fits: dict[str, Any]) -> di
         "tests": claim_tests(report, claims, session_of, config.resamples),
         "per_agent": {},
     }
+    if "by_first_stage" in report:
+        result["by_first_stage"] = report["by_first_stage"]
     for agent in sorted({a for a in agent_of.values() if a is not None}):
         mine = {s for s, a in agent_of.items() if a == agent}
         result["per_agent"][agent] = claim_tests(

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from acare_ray.eval.bands import first_stage_bands
 from acare_ray.eval.ir_metrics import (
     DEFAULT_MEASURES,
     bootstrap_ci,
@@ -66,6 +67,7 @@ from acare_ray.ranking.fusion import (
 from acare_ray.scoring import Mode, ScorerSettings, parse_mode
 
 TESTS = ("randomization", "bootstrap")
+FIRST_STAGE = "first_stage"
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def load_first_stage(path: str) -> FirstStageLists:
 def first_stage_runs(first: FirstStageLists) -> dict[str, dict[str, dict[str, float]]]:
     """The ``first_stage`` run of every search, and the ``agent_order`` run when any
     candidate has an ``agent_rank``."""
-    runs: dict[str, dict[str, dict[str, float]]] = {"first_stage": {}}
+    runs: dict[str, dict[str, dict[str, float]]] = {FIRST_STAGE: {}}
     has_agent = any(a is not None for _, _, _, agents in first.values() for a in agents)
     if has_agent:
         runs["agent_order"] = {}
@@ -214,7 +216,7 @@ def first_stage_runs(first: FirstStageLists) -> dict[str, dict[str, dict[str, fl
             fs_rank = first_stage_ranks(len(doc_ids), scores, ranks)
         except ValueError:
             continue  # an invalid row: the rerank job reports it as an error row
-        runs["first_stage"][qid] = ranked_run(doc_ids, fs_rank.argsort())
+        runs[FIRST_STAGE][qid] = ranked_run(doc_ids, fs_rank.argsort())
         if has_agent:
             by_agent = sorted(
                 range(len(doc_ids)), key=lambda i: (agents[i] is None, agents[i] or 0, fs_rank[i])
@@ -334,6 +336,20 @@ def _metrics(per_query: dict, qids: list[str], config: EvalConfig) -> dict[str, 
             )
             metrics[mode][measure] = {"mean": mean, "ci_low": low, "ci_high": high}
     return metrics
+
+
+def _by_first_stage(per_query: dict, config: EvalConfig) -> dict[str, Any] | None:
+    """Every system's mean per band of the first stage's own value of the first measure
+    (:mod:`acare_ray.eval.bands`); None without the first stage."""
+    if FIRST_STAGE not in per_query:
+        return None
+    measure = config.measures[0]
+    values = {system: by_measure[measure] for system, by_measure in per_query.items()}
+    return {
+        "measure": measure,
+        "baseline": FIRST_STAGE,
+        "bands": first_stage_bands(values, FIRST_STAGE),
+    }
 
 
 def _sessions(data, runs, per_query, config: EvalConfig, keep=None) -> dict[str, Any]:
@@ -483,6 +499,7 @@ def _report(config: EvalConfig, judged: Judged, per_query: dict, counts: JobCoun
             "comparisons": compare_modes(per_query, config),
         },
         "job": counts.as_dict(),
+        **({"by_first_stage": bands} if (bands := _by_first_stage(per_query, config)) else {}),
         **({"sessions": _sessions(sessions, runs, per_query, config)} if sessions else {}),
         **(
             {"groups": _groups(group_of, qids, sessions, runs, per_query, config)}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from acare_ray.eval.bands import bands_markdown
+
 
 def systems(report: dict[str, Any]) -> list[str]:
     """The systems of a report, modes first (reports written before fusion have modes only)."""
@@ -139,6 +141,19 @@ def session_markdown(section: dict[str, Any], modes: list[str], title: str) -> l
     return lines
 
 
+def _bands_section(section: dict[str, Any], modes: list[str]) -> list[str]:
+    baseline, measure = section["baseline"], section["measure"]
+    return [
+        "",
+        f"## By the first stage's own {measure}",
+        "",
+        f"Searches banded by {baseline}'s {measure}; each system's mean in the band and "
+        f"(lost/won): searches below / above {baseline} there.",
+        "",
+        *bands_markdown(section["bands"], modes, baseline),
+    ]
+
+
 def write_markdown(report: dict[str, Any], path: str | Path) -> None:
     """``report.md``: settings, the metric table, every pairwise comparison, files."""
     measures, modes = report["measures"], systems(report)
@@ -186,6 +201,8 @@ def write_markdown(report: dict[str, Any], path: str | Path) -> None:
             f"{row['ci_high']:+.4f}] | {row['p_value']:.4g} | {row['p_holm']:.4g} | "
             f"{'yes' if row['significant'] else 'no'} |"
         )
+    if "by_first_stage" in report:
+        lines += _bands_section(report["by_first_stage"], modes)
     if "sessions" in report:
         lines += session_markdown(report["sessions"], modes, "Sessions")
     for value, group in report.get("groups", {}).items():

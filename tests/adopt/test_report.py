@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from acare_ray.adopt.config import AdoptConfig
 from acare_ray.adopt.report import report_markdown
+from acare_ray.eval.bands import first_stage_bands
 
 DECISIONS = {"overall": {"decision": "no clear gain", "reason": "-"}, "per_agent": {}}
 
@@ -50,3 +51,19 @@ def test_a_grid_without_the_end_points_adds_nothing():
     fit["grid"] = [row for row in fit["grid"] if row["fusion"] != "linear:alpha=1"]
     markdown = report_markdown(_config(), _results(fit), DECISIONS)
     assert "- M3: **fused**" in markdown and "alone" not in markdown
+
+
+def test_the_test_section_bands_searches_by_the_first_stage():
+    stored = "M3+linear:alpha=0.5"
+    first = {"a": 0.2, "b": 1.0, "c": 1.0}
+    bands = first_stage_bands(
+        {"first_stage": first, "M3": {"a": 0.6, "b": 0.5, "c": 1.0}, stored: first}
+    )
+    test = {"stored": stored, "metrics": {}, "tests": [], "per_agent": {}}
+    test["by_first_stage"] = {"measure": "nDCG@10", "baseline": "first_stage", "bands": bands}
+    results = _results(_fit("linear:alpha=0.5", "fused")) | {"test": test}
+    markdown = report_markdown(_config(), results, DECISIONS)
+    assert "Searches banded by the first stage's own nDCG@10" in markdown
+    assert f"| first_stage band | searches | first_stage | M3 | {stored} |" in markdown
+    assert "| [0, 0.5) | 1 | 0.200 | 0.600 (0/1) | 0.200 (0/0) |" in markdown
+    assert "| = 1 | 2 | 1.000 | 0.750 (1/0) | 1.000 (0/0) |" in markdown

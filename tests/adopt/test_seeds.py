@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from adopt_support import write_seed
+from adopt_support import STORED, write_seed
 
 from acare_ray.adopt.seeds import summarize_seeds, write_summary
 from acare_ray.cli import main
+from acare_ray.eval.bands import first_stage_bands
 
 
 def test_three_good_seeds_hold_with_mean_spread_and_worst(tmp_path):
@@ -85,6 +86,54 @@ def test_the_reranker_alone_is_reported_per_seed_and_across_beside_the_verdict(t
     text = (tmp_path / "seeds.md").read_text()
     assert "| 0 | 0.800 | 0.766 | -0.034 [-0.092, +0.023] | 0.26 | 0.700 | 0.800 | +0.100 |" in text
     assert "Unfused M3 across 2 seeds: gain mean -0.013, spread 0.042, worst -0.034." in text
+
+
+def _bands(alone: dict[str, float], fused: dict[str, float]) -> list[dict]:
+    first = {"a": 0.3, "b": 0.9, "c": 1.0, "d": 1.0}
+    return first_stage_bands({"first_stage": first, "M3": alone, STORED: fused})
+
+
+def test_searches_banded_by_the_first_stage_are_averaged_over_seeds(tmp_path):
+    fused = {"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.0}
+    write_seed(
+        tmp_path,
+        0,
+        0.05,
+        (0.02, 0.08),
+        0.001,
+        bands=_bands({"a": 0.9, "b": 0.8, "c": 0.6, "d": 1.0}, fused),
+    )
+    write_seed(tmp_path, 1, 0.05, (0.02, 0.08), 0.001,
+               bands=_bands({"a": 0.7, "b": 1.0, "c": 0.4, "d": 0.6}, fused))  # fmt: skip
+    summary = write_summary(tmp_path, [0, 1])
+    assert summary["per_seed"][0]["bands"][3] == {
+        "band": "= 1", "queries": 2, "first_stage": 1.0, "m3": pytest.approx(0.8),
+        "m3_lost": 1, "m3_won": 0, "stored": 1.0, "stored_lost": 0, "stored_won": 0,
+    }  # fmt: skip
+    perfect = summary["across"]["bands"][3]
+    assert perfect["m3"] == pytest.approx(0.65) and perfect["m3_worst"] == pytest.approx(0.5)
+    assert perfect["m3_lost"] == pytest.approx(1.5) and perfect["stored"] == 1.0
+    low = summary["across"]["bands"][0]
+    assert low["m3"] == pytest.approx(0.8) and low["m3_won"] == 1.0
+    text = (tmp_path / "seeds.md").read_text()
+    assert "| = 1 | 2 | 1.000 | 0.650 | 0.500 | 1.5/0.0 | 1.000 | 0.0 |" in text
+    assert "| [0.5, 0.8) | 0 | - | - | - | - | - | - |" in text
+
+
+def test_seeds_banded_over_different_searches_are_not_averaged(tmp_path):
+    write_seed(
+        tmp_path,
+        0,
+        0.05,
+        (0.02, 0.08),
+        0.001,
+        bands=first_stage_bands({"first_stage": {"a": 1.0}, "M3": {"a": 0.5}}),
+    )
+    write_seed(tmp_path, 1, 0.05, (0.02, 0.08), 0.001,
+               bands=first_stage_bands({"first_stage": {"a": 0.2}, "M3": {"a": 0.5}}))  # fmt: skip
+    summary = write_summary(tmp_path, [0, 1])
+    assert "bands" in summary["per_seed"][1] and "bands" not in summary["across"]
+    assert "Where it gains and loses" not in (tmp_path / "seeds.md").read_text()
 
 
 def test_without_an_unfused_test_row_the_summary_says_nothing_of_it(tmp_path):

@@ -97,6 +97,36 @@ def test_report_metrics_match_metrics_evaluate_on_the_written_run(evaluation, se
             assert entry["ci_low"] <= entry["mean"] <= entry["ci_high"]
 
 
+def test_report_bands_searches_by_the_first_stage_and_reads_the_written_runs(evaluation):
+    _, report_dir = evaluation
+    report = json.loads((report_dir / "report.json").read_text())
+    section = report["by_first_stage"]
+    measure = report["measures"][0]
+    assert section["measure"] == measure and section["baseline"] == "first_stage"
+    qrels = read_trec_qrels(report_dir / "qrels.trec")
+    per_query = {
+        s: evaluate(qrels, read_trec_run(Path(p)), [measure]).per_query[measure]
+        for s, p in report["files"]["runs"].items()
+    }
+    bands = section["bands"]
+    assert sum(b["queries"] for b in bands) == report["queries"]["evaluated"]
+    for band in bands:
+        chosen = [
+            q
+            for q, v in per_query["first_stage"].items()
+            if (band["high"] is None and v == band["low"])
+            or (band["high"] is not None and band["low"] <= v < band["high"])
+        ]
+        assert len(chosen) == band["queries"]
+        for system in report["systems"]:
+            if chosen:
+                mean = sum(per_query[system][q] for q in chosen) / len(chosen)
+                assert band["mean"][system] == pytest.approx(mean, abs=1e-12)
+    markdown = (report_dir / "report.md").read_text()
+    assert f"## By the first stage's own {measure}" in markdown
+    assert "| first_stage band | searches | first_stage |" in markdown
+
+
 def test_trec_files_are_read_by_ir_measures_with_the_same_numbers(evaluation):
     ir_measures = pytest.importorskip("ir_measures")
     _, report_dir = evaluation
