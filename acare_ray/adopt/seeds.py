@@ -129,9 +129,8 @@ def _across_bands(records: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             values = [r["bands"][i][key] for r in records if key in r["bands"][i]]
             if len(values) == len(records):
                 entry[key] = statistics.fmean(values)
-        m3 = [r["bands"][i]["m3"] for r in records if "m3" in r["bands"][i]]
-        if len(m3) == len(records):
-            entry["m3_worst"] = min(m3)
+                if key == "m3":
+                    entry["m3_worst"] = min(values)
         out.append(entry)
     return out
 

@@ -64,14 +64,14 @@ def first_stage_bands(
             "lost": {},
             "won": {},
         }
+        bands.append(entry)
+        if not chosen:
+            continue
         for system, values in per_query.items():
-            if not chosen:
-                continue
             diffs = np.array([values[q] - base[q] for q in chosen])
             entry["mean"][system] = float(np.mean([values[q] for q in chosen]))
             entry["lost"][system] = int(np.sum(diffs < -_TIE))
             entry["won"][system] = int(np.sum(diffs > _TIE))
-        bands.append(entry)
     return bands
 
 
