@@ -25,7 +25,7 @@ settings of each stage.
     train: {max_steps: 600, patience: 4, time_budget_s: 3600, ...}   # TrainConfig fields
     fusion: {folds: 5, confidence: 0.95}  # the safety rule
     cost: {candidates: [50, 100], searches: 20}
-    mine: {miner: runs/adopt, mode: M3, hard: 3, init: miner}   # optional: one self-mining round
+    mine: {miner: runs/adopt, mode: M3, hard: 3, init: miner, skip: 0}   # optional: one self-mining round
 
 ``${data}`` is the data folder (:func:`acare_ray.data.io.data_dir`, set by ``$ACARE_DATA_DIR``); other relative
 paths are relative to the directory ``acare adopt`` runs in. Unknown keys are errors.
@@ -141,14 +141,18 @@ class MineSpec:
     ``work_dir``: its checkpoint of the same training seed (``seed<N>/train.json``) scores every
     candidate of every source's training searches in ``mode``, and each group's ``hard``
     negatives become the miner's highest-scored non-relevant candidates (the rest a seeded
-    sample, as the data stage does with first-stage scores). ``init``: ``miner`` trains on from
-    the miner's checkpoint, ``base`` from the base model. Validation groups stay the data
+    sample, as the data stage does with first-stage scores). ``skip``: the miner's ``skip``
+    highest-scored non-relevant candidates are left out of the group (on multi-hop questions
+    the miner's top "negative" is often a page that names the answer without being a gold
+    page). ``init``: ``miner`` trains on from the miner's checkpoint, ``base`` from the base
+    model. Validation groups stay the data
     stage's, so the two runs' validation curves compare."""
 
     miner: str
     mode: str = "M3"
     hard: int = 3
     init: str = "miner"
+    skip: int = 0
 
     def __post_init__(self) -> None:
         if not self.miner:
@@ -159,6 +163,8 @@ class MineSpec:
             raise ValueError(f"mine: init must be one of {INITS}, got {self.init!r}")
         if isinstance(self.hard, bool) or not isinstance(self.hard, int) or self.hard < 1:
             raise ValueError(f"mine: hard must be a number of negatives >= 1, got {self.hard!r}")
+        if isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0:
+            raise ValueError(f"mine: skip must be a number of negatives >= 0, got {self.skip!r}")
 
     def checkpoint(self, seed: int) -> str:
         """The miner's kept checkpoint for ``seed``; a miner seed that has not trained is an

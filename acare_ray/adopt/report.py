@@ -182,7 +182,9 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
             "## Self-mined hard negatives (one round)",
             "",
             f"Miner `{mine['miner']}` ({mine['mode']}): each group's {mine['hard']} hardest "
-            f"negatives are the miner's; training starts from the {mine['init']}.",
+            f"negatives are the miner's"
+            + (f", after its {mine['skip']} highest-scored left out" if mine.get("skip") else "")
+            + f"; training starts from the {mine['init']}.",
             "",
             "| source | searches scored | errors | groups | hard negatives also first-stage-hard "
             "| positive below the miner's hardest negative |",

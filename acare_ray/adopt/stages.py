@@ -276,7 +276,7 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
     spec = config.mine
     checkpoint = spec.checkpoint(config.seed)
     out: dict[str, Any] = {"miner": checkpoint, "mode": spec.mode, "hard": spec.hard,
-                           "init": spec.init, "sources": {}}  # fmt: skip
+                           "skip": spec.skip, "init": spec.init, "sources": {}}  # fmt: skip
     for source in config.sources:
         searches = config.work / "data" / f"{source.name}_train.parquet"
         scored = config.seed_dir / "mine" / source.name
@@ -293,7 +293,9 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
         )
         scores, errors = _miner_scores(scored)
         table = _labels_from_gold(with_miner_scores(read_parquet(str(searches)), scores))
-        groups = searches_to_groups(table, config.negatives, config.split_seed, spec.hard)
+        groups = searches_to_groups(
+            table, config.negatives, config.split_seed, spec.hard, spec.skip
+        )
         write_parquet(groups, config.seed_dir / "groups" / f"{source.name}.parquet")
         first_stage = read_parquet(str(config.work / "groups" / f"{source.name}.parquet"))
         out["sources"][source.name] = {

@@ -28,14 +28,17 @@ class GroupStats:
     failed_trajectory: int = 0
 
 
-def _negatives(search: Search, count: int, seed: int, hard: int | None = None) -> list[Candidate]:
+def _negatives(
+    search: Search, count: int, seed: int, hard: int | None = None, skip: int = 0
+) -> list[Candidate]:
     """``count`` judged non-relevant candidates: the ``hard`` ones with the highest first-stage
     score (all ``count`` when ``hard`` is None), then a seeded sample of the rest. Candidates
-    without a score count as the easiest, so a search without scores gets a seeded sample."""
+    without a score count as the easiest, so a search without scores gets a seeded sample. The
+    ``skip`` highest-scored ones are left out altogether (likely unjudged positives)."""
     pool = [c for c in search.candidates if c.relevance is not None and c.relevance <= 0]
     scored = sorted(
         (c for c in pool if c.first_stage_score is not None), key=lambda c: -c.first_stage_score
-    )
+    )[skip:]
     unscored = [c for c in pool if c.first_stage_score is None]
     # A string seed is hashed with SHA-512, so the order repeats across runs and processes.
     rng = random.Random(f"{seed}|{search.search_id}")
@@ -53,7 +56,7 @@ def _doc(candidate: Candidate) -> dict[str, str]:
 
 
 def searches_to_groups(
-    table: pa.Table, negatives: int = 7, seed: int = 0, hard: int | None = None
+    table: pa.Table, negatives: int = 7, seed: int = 0, hard: int | None = None, skip: int = 0
 ) -> pa.Table:
     """Build ``TRAINING_GROUPS`` rows from a ``SEARCHES`` table.
 
@@ -61,7 +64,9 @@ def searches_to_groups(
     search id, suffixed ``#k`` when a search has several positives); negatives are candidates
     with relevance 0 (unjudged ones are never used): the ``hard`` with the highest first-stage
     score and a seeded random sample of the others (``hard=None``: the ``negatives`` hardest,
-    candidates without a score last in a seeded order). Searches with no positive, fewer than
+    candidates without a score last in a seeded order); with ``skip``, the ``skip`` highest-scored
+    non-relevant candidates are never used (a self-mining round's guard against pages that are
+    relevant but unjudged). Searches with no positive, fewer than
     ``negatives`` negatives, or ``judge_ok == False`` are skipped; the counts are logged and kept
     in the schema metadata (read them with :func:`group_stats`). ``session_id`` falls back to
     the search id when absent.
@@ -70,6 +75,8 @@ def searches_to_groups(
         raise ValueError(f"negatives must be >= 1, got {negatives}")
     if hard is not None and not 0 <= hard <= negatives:
         raise ValueError(f"hard must be in 0..negatives ({negatives}), got {hard}")
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
     rows, counts = [], dict.fromkeys(asdict(GroupStats()), 0)
     for index, raw in enumerate(table.to_pylist()):
         search = parse_search(raw, index)
@@ -81,7 +88,7 @@ def searches_to_groups(
         if not positives:
             counts["no_positive"] += 1
             continue
-        chosen = _negatives(search, negatives, seed, hard)
+        chosen = _negatives(search, negatives, seed, hard, skip)
         if len(chosen) < negatives:
             counts["too_few_negatives"] += 1
             continue

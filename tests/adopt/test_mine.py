@@ -46,6 +46,24 @@ def test_the_miners_highest_scored_negatives_become_the_hard_ones():
     assert signal["hard_shared_with_first_stage"] < 0.5
 
 
+def test_skip_leaves_out_the_miners_favourite_and_takes_the_next_ones():
+    """A round with skip=1 never trains against the miner's top-scored negative (the likely
+    unjudged positive); its hard negatives are the miner's next three."""
+    table = synthetic_searches(6, seed=3)
+    favourite = {
+        row["search_id"]: [c["doc_id"] for c in row["candidates"] if c["relevance"] == 0][:4]
+        for row in table.to_pylist()
+    }  # fmt: skip
+    scores = _miner(table, favourite)
+    mined = searches_to_groups(with_miner_scores(table, scores), 7, seed=0, hard=3, skip=1)
+    assert mined.num_rows > 0
+    for group in mined.to_pylist():
+        search = group["group_id"].rsplit("#", 1)[0]
+        negatives = [d["doc_id"] for d in group["negatives"]]
+        assert negatives[:3] == favourite[search][1:4]
+        assert favourite[search][0] not in negatives
+
+
 def test_a_search_the_miner_could_not_score_keeps_its_first_stage_negatives():
     table = synthetic_searches(4, seed=5)
     unscored = table.column("search_id")[0].as_py()

@@ -53,7 +53,7 @@ def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoin
     """docs/training.md's and `make recipe-mined`'s command for the self-mining round (an
     hour-long run per seed): it parses as written, leaves the baseline out, and its config
     mines with the full-pass recipe's work_dir over the same sources and split."""
-    args = _documented_adopt_args("recipe-mined", "mined")
+    args = _documented_adopt_args("recipe-mined", "-mined.yaml")
     stages = args.stages.split(",")
     assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
     mined = AdoptConfig.read(BENCHMARKS.parent / args.config)
@@ -65,6 +65,21 @@ def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoin
         recipe.split_seed,
         recipe.negatives,
     )
+
+
+def test_the_documented_skip_round_mines_from_the_averaged_recipe_and_skips_one():
+    """docs/training.md's and `make recipe-mined-skip`'s command: the self-mining round with the
+    miner's top-scored negative left out, mined by the EMA recipe's seed, over the recipe's
+    sources and split; otherwise the first mining round's settings."""
+    args = _documented_adopt_args("recipe-mined-skip", "mined-skip")
+    stages = args.stages.split(",")
+    assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
+    skip = AdoptConfig.read(BENCHMARKS.parent / args.config)
+    first = AdoptConfig.read(BENCHMARKS.parent / "adopt_configs/r1-searcher-hotpotqa-mined.yaml")
+    averaged = AdoptConfig.read(BENCHMARKS.parent / "adopt_configs/r1-searcher-hotpotqa-ema.yaml")
+    assert skip.mine.miner == averaged.work_dir and (skip.mine.skip, first.mine.skip) == (1, 0)
+    assert replace(skip.mine, miner=first.mine.miner, skip=0) == first.mine
+    assert replace(skip, work_dir=first.work_dir, mine=first.mine) == first
 
 
 def test_the_documented_averaged_recipe_is_the_recipe_with_one_change():

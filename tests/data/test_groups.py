@@ -105,6 +105,27 @@ def test_hard_negatives_are_the_top_scored_and_the_rest_a_seeded_sample():
         searches_to_groups(table, 7, 0, hard=8)
 
 
+def test_skip_leaves_the_top_scored_negatives_out_of_the_group_altogether():
+    """skip=k: the k highest-scored non-relevant candidates are never used, neither as hard
+    negatives nor in the random sample; the hard ones are the next k+1..k+hard."""
+    scores = [float(s) for s in range(20)]  # d19 is the hardest
+    table = _table(_search("s", [1] + [0] * 19, scores))
+    for seed in range(4):
+        chosen = [
+            d["doc_id"]
+            for d in searches_to_groups(table, 7, seed, hard=3, skip=2).to_pylist()[0]["negatives"]
+        ]
+        assert chosen[:3] == ["s-d17", "s-d16", "s-d15"]
+        assert len(set(chosen)) == 7 and not set(chosen) & {"s-d19", "s-d18", "s-d0"}
+    # The skipped negatives no longer count: 9 negatives, skip 2 leaves 7, skip 3 too few.
+    small = _table(_search("t", [1] + [0] * 9, [float(s) for s in range(10)]))
+    assert searches_to_groups(small, 7, 0, hard=3, skip=2).num_rows == 1
+    assert searches_to_groups(small, 7, 0, hard=3, skip=3).num_rows == 0
+    assert group_stats(searches_to_groups(small, 7, 0, hard=3, skip=3)).too_few_negatives == 1
+    with pytest.raises(ValueError, match="skip must be >= 0"):
+        searches_to_groups(table, 7, 0, hard=3, skip=-1)
+
+
 def test_with_bm25_scores_scores_each_candidate_for_its_own_sub_query():
     from acare_ray.data.bm25 import BM25Index
     from acare_ray.data.groups import with_bm25_scores
