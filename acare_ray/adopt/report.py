@@ -195,6 +195,22 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
                 f"| {name} | {m['scored']} of {m['searches']} | {m['error_count']} | {m['groups']} "
                 f"| {m['hard_shared_with_first_stage']:.1%} | {m['positive_below_hardest']:.1%} |"
             )
+        named = {k: m for k, m in mine["sources"].items() if "answer_searches" in m}
+        if named:
+            lines += [
+                "",
+                "Negatives that name the question's answer (often relevant but not judged so; "
+                "searches whose answer is not yes/no):",
+                "",
+                "| source | searches | the miner's top negative | mined hard negatives "
+                "| first-stage hard negatives |",
+                "|---|---|---|---|---|",
+                *(
+                    f"| {name} | {m['answer_searches']} | {m['miner_top_negative_with_answer']:.1%} "
+                    f"| {m['hard_with_answer']:.1%} | {m['first_stage_hard_with_answer']:.1%} |"
+                    for name, m in named.items()
+                ),
+            ]
     if train:
         stopped = train.get("stopped") or {"reason": "step budget"}
         sel = train.get("selection") or {}

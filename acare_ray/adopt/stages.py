@@ -265,6 +265,52 @@ def _mined_signal(
     }
 
 
+def _usable_answer(answer: Any) -> str | None:
+    """The answer as a lower-cased string a page can be checked for, or None where a match
+    would say nothing (no answer, yes/no, one character)."""
+    text = " ".join(str(answer or "").lower().split())
+    return None if len(text) < 2 or text in ("yes", "no") else text
+
+
+def answer_signal(table: pa.Table, groups: pa.Table, first_stage: pa.Table, hard: int) -> dict:
+    """How often a "negative" names the question's answer: a page that does is often relevant
+    though not judged so (the multi-hop question's answer page is one gold page of several, and
+    other pages name it too). ``table`` holds the searches with the miner's scores as
+    ``first_stage_score`` (:func:`with_miner_scores`); over searches with a usable answer (not
+    yes/no), the share of the miner's top-scored negative, of the mined hard negatives and of
+    the first stage's that contain the answer."""
+    answers = {r["search_id"]: _usable_answer(r.get("answer")) for r in table.to_pylist()}
+    top = tops = 0
+    for row in table.to_pylist():
+        answer = answers[row["search_id"]]
+        negatives = [c for c in row["candidates"]
+                     if c["relevance"] is not None and c["relevance"] <= 0
+                     and c["first_stage_score"] is not None]  # fmt: skip
+        if answer is None or not negatives:
+            continue
+        best = max(negatives, key=lambda c: c["first_stage_score"])
+        tops += 1
+        top += answer in " ".join(best["text"].lower().split())
+
+    def share(groups: pa.Table) -> float:
+        hits = total = 0
+        for row in groups.to_pylist():
+            answer = answers.get(row["group_id"].rsplit("#", 1)[0])
+            if answer is None:
+                continue
+            for doc in row["negatives"][:hard]:
+                total += 1
+                hits += answer in " ".join(doc["text"].lower().split())
+        return hits / max(total, 1)
+
+    return {
+        "answer_searches": tops,
+        "miner_top_negative_with_answer": top / max(tops, 1),
+        "hard_with_answer": share(groups),
+        "first_stage_hard_with_answer": share(first_stage),
+    }
+
+
 def mine_stage(config: AdoptConfig) -> dict[str, Any]:
     """One round of self-mining (:class:`~acare_ray.adopt.config.MineSpec`): every source's
     training searches scored by the miner's checkpoint of this seed with ``acare rerank``
@@ -306,6 +352,7 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
             "groups": groups.num_rows,
             "skipped": vars(group_stats(groups)),
             **_mined_signal(groups, first_stage, scores, spec.hard),
+            **answer_signal(table, groups, first_stage, spec.hard),
         }
         log.info("[mine] %s: %s", source.name, out["sources"][source.name])
     return out

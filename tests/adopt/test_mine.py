@@ -3,7 +3,9 @@ miner's scores decide which negatives are hard, and the stage's figures count wh
 
 from __future__ import annotations
 
-from acare_ray.adopt.stages import _mined_signal, with_miner_scores
+import pyarrow as pa
+
+from acare_ray.adopt.stages import _mined_signal, answer_signal, with_miner_scores
 from acare_ray.data.groups import searches_to_groups
 from acare_ray.data.synthetic import synthetic_searches
 
@@ -91,3 +93,37 @@ def test_when_the_miner_agrees_with_the_first_stage_nothing_is_learned_from_it()
     signal = _mined_signal(mined, first_stage, scores, hard=3)
     assert signal["positive_below_hardest"] == 0.0
     assert signal["hard_shared_with_first_stage"] == 1.0
+
+
+def test_the_answer_signal_counts_negatives_that_name_the_answer():
+    """A negative whose text names the question's answer (case and spacing aside) counts as
+    answer-bearing: for the miner's top one, the mined hard ones and the first stage's; a yes/no
+    answer says nothing and its search is left out."""
+    rows = synthetic_searches(4, seed=3).to_pylist()
+    rows[-1]["answer"] = "Yes"
+    hit = {}
+    for row in rows[:-1]:
+        negatives = [c for c in row["candidates"] if c["relevance"] == 0]
+        # The miner's favourite names the answer (with other case and spacing); the rest do not.
+        negatives[0]["text"] += " It is  " + row["answer"].upper() + "."
+        hit[row["search_id"]] = negatives[0]["doc_id"]
+        for c in negatives[1:]:
+            assert row["answer"].lower() not in c["text"].lower()
+    table = pa.Table.from_pylist(rows, schema=synthetic_searches(1).schema)
+    scores = _miner(table, {s: [d] for s, d in hit.items()})
+    mined_table = with_miner_scores(table, scores)
+    mined = searches_to_groups(mined_table, 7, seed=0, hard=3)
+    skipped = searches_to_groups(mined_table, 7, seed=0, hard=3, skip=1)
+    first_stage = searches_to_groups(table, 7, seed=0, hard=3)
+    signal = answer_signal(mined_table, mined, first_stage, hard=3)
+    assert signal["answer_searches"] == len(rows) - 1
+    assert signal["miner_top_negative_with_answer"] == 1.0
+    assert signal["hard_with_answer"] == 1 / 3  # one of the three hard negatives per group
+    # The first stage's hard negatives name the answer exactly where they hold the favourite.
+    expected = sum(
+        hit.get(g["group_id"].rsplit("#", 1)[0]) in {d["doc_id"] for d in g["negatives"][:3]}
+        for g in first_stage.to_pylist()
+        if g["group_id"].rsplit("#", 1)[0] in hit
+    ) / (3 * sum(g["group_id"].rsplit("#", 1)[0] in hit for g in first_stage.to_pylist()))
+    assert signal["first_stage_hard_with_answer"] == expected
+    assert answer_signal(mined_table, skipped, first_stage, hard=3)["hard_with_answer"] == 0.0

@@ -67,3 +67,25 @@ def test_the_test_section_bands_searches_by_the_first_stage():
     assert f"| first_stage band | searches | first_stage | M3 | {stored} |" in markdown
     assert "| [0, 0.5) | 1 | 0.200 | 0.600 (0/1) | 0.200 (0/0) |" in markdown
     assert "| = 1 | 2 | 1.000 | 0.750 (1/0) | 1.000 (0/0) |" in markdown
+
+
+def test_the_mine_section_shows_the_negatives_that_name_the_answer():
+    source = {"scored": 10, "searches": 10, "error_count": 0, "groups": 12,
+              "hard_shared_with_first_stage": 0.25, "positive_below_hardest": 0.5,
+              "answer_searches": 8, "miner_top_negative_with_answer": 0.375,
+              "hard_with_answer": 0.125, "first_stage_hard_with_answer": 0.0625}  # fmt: skip
+    mine = {"miner": "ck", "mode": "M3", "hard": 3, "skip": 1, "init": "miner"}
+    results = _results(_fit("linear:alpha=0.5", "fused")) | {
+        "mine": mine | {"sources": {"s": source}}
+    }
+    markdown = report_markdown(_config(), results, DECISIONS)
+    assert "negatives are the miner's, after its 1 highest-scored left out;" in markdown
+    assert "| s | 10 of 10 | 0 | 12 | 25.0% | 50.0% |" in markdown
+    assert "| s | 8 | 37.5% | 12.5% | 6.2% |" in markdown
+    # A first round's report (no skip, no answer figures) keeps its one table.
+    old = {k: v for k, v in source.items() if "answer" not in k}
+    first = _results(_fit("linear:alpha=0.5", "fused")) | {
+        "mine": {**mine, "skip": 0, "sources": {"s": old}}
+    }
+    markdown = report_markdown(_config(), first, DECISIONS)
+    assert "left out" not in markdown and "name the question's answer" not in markdown
