@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-skip recipe-ema clean
+.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-skip recipe-mined-base recipe-ema clean
 
 install: $(VENV)/.installed
 
@@ -67,6 +67,11 @@ recipe-mined: install
 # seed (`make recipe-ema` first).
 recipe-mined-skip: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined-skip.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
+
+# The recipe's full pass from the base model with those mined hard negatives instead of BM25's
+# (`make recipe-ema` first).
+recipe-mined-base: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined-base.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

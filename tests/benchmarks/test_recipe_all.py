@@ -82,6 +82,21 @@ def test_the_documented_skip_round_mines_from_the_averaged_recipe_and_skips_one(
     assert replace(skip, work_dir=first.work_dir, mine=first.mine) == first
 
 
+def test_the_documented_mined_full_pass_is_the_recipe_with_mined_negatives():
+    """docs/training.md's and `make recipe-mined-base`'s command: the committed recipe (its
+    steps, learning rate, validation) from the base model, with one change, a mining section
+    (the EMA recipe's seed as the miner, its top negative left out)."""
+    args = _documented_adopt_args("recipe-mined-base", "mined-base")
+    stages = args.stages.split(",")
+    assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
+    mined = AdoptConfig.read(BENCHMARKS.parent / args.config)
+    recipe = AdoptConfig.read(BENCHMARKS.parent / CONFIG_PATH)
+    averaged = AdoptConfig.read(BENCHMARKS.parent / "adopt_configs/r1-searcher-hotpotqa-ema.yaml")
+    assert (mined.mine.miner, mined.mine.init, mined.mine.skip) == (averaged.work_dir, "base", 1)
+    assert mined.work_dir != recipe.work_dir
+    assert replace(mined, work_dir=recipe.work_dir, mine=None) == recipe
+
+
 def test_the_documented_averaged_recipe_is_the_recipe_with_one_change():
     """docs/training.md's and `make recipe-ema`'s command for the recipe with a moving average
     of the weights: it parses as written, leaves the baseline out, and its config is the
