@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-skip recipe-mined-base recipe-ema clean
+.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-base recipe-ema clean
 
 install: $(VENV)/.installed
 
@@ -63,13 +63,8 @@ recipe-ema: install
 recipe-mined: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
 
-# The same round leaving out the miner's top-scored negative (skip: 1), mined by the EMA recipe's
-# seed (`make recipe-ema` first).
-recipe-mined-skip: install
-	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined-skip.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
-
-# The recipe's full pass from the base model with those mined hard negatives instead of BM25's
-# (`make recipe-ema` first).
+# The recipe's full pass from the base model with hard negatives mined by the EMA recipe's seed
+# (its top one skipped) instead of BM25's (`make recipe-ema` first).
 recipe-mined-base: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined-base.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
 

@@ -67,21 +67,6 @@ def test_the_documented_mining_round_parses_and_mines_from_the_recipes_checkpoin
     )
 
 
-def test_the_documented_skip_round_mines_from_the_averaged_recipe_and_skips_one():
-    """docs/training.md's and `make recipe-mined-skip`'s command: the self-mining round with the
-    miner's top-scored negative left out, mined by the EMA recipe's seed, over the recipe's
-    sources and split; otherwise the first mining round's settings."""
-    args = _documented_adopt_args("recipe-mined-skip", "mined-skip")
-    stages = args.stages.split(",")
-    assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
-    skip = AdoptConfig.read(BENCHMARKS.parent / args.config)
-    first = AdoptConfig.read(BENCHMARKS.parent / "adopt_configs/r1-searcher-hotpotqa-mined.yaml")
-    averaged = AdoptConfig.read(BENCHMARKS.parent / "adopt_configs/r1-searcher-hotpotqa-ema.yaml")
-    assert skip.mine.miner == averaged.work_dir and (skip.mine.skip, first.mine.skip) == (1, 0)
-    assert replace(skip.mine, miner=first.mine.miner, skip=0) == first.mine
-    assert replace(skip, work_dir=first.work_dir, mine=first.mine) == first
-
-
 def test_the_documented_mined_full_pass_is_the_recipe_with_mined_negatives():
     """docs/training.md's and `make recipe-mined-base`'s command: the committed recipe (its
     steps, learning rate, validation) from the base model, with one change, a mining section
