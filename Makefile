@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-base recipe-ema clean
+.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-base recipe-dense recipe-ema clean
 
 install: $(VENV)/.installed
 
@@ -67,6 +67,11 @@ recipe-mined: install
 # (its top one skipped) instead of BM25's (`make recipe-ema` first).
 recipe-mined-base: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined-base.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
+
+# The recipe's full pass with hard negatives from a second retriever (the packaged MiniLM as a
+# sentence embedding over the M3 query block) instead of BM25's; needs no earlier run.
+recipe-dense: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-dense.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

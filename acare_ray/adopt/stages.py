@@ -7,8 +7,8 @@ short resumes its own jobs: Ray Data outputs and Ray Train runs resume by themse
 - ``baseline``: the base reranker untrained, in ``baseline_modes``, beside the first stage and
   the agent's own order on the test questions (the zero-training control).
 - ``mine`` (only with a ``mine`` section): the training searches scored by an earlier run's
-  checkpoint of this seed, and the groups rebuilt with its hard negatives (one round of
-  self-mining).
+  checkpoint of this seed (one round of self-mining) or by a sentence-embedding model (a second
+  retriever), and the groups rebuilt with its hard negatives.
 - ``train``: Ray Train until the validation nDCG@10 (M3) stops improving (patience), within a
   step and a time budget; the best checkpoint is the result.
 - ``fit``: the fusion fitted on the validation questions by the safety rule, stored with the
@@ -265,23 +265,29 @@ def _mined_signal(
     }
 
 
+def _folded(text: Any) -> str:
+    """Lower-cased, runs of white space made one space: how answers and pages are compared."""
+    return " ".join(str(text or "").lower().split())
+
+
 def _usable_answer(answer: Any) -> str | None:
     """The answer as a lower-cased string a page can be checked for, or None where a match
     would say nothing (no answer, yes/no, one character)."""
-    text = " ".join(str(answer or "").lower().split())
+    text = _folded(answer)
     return None if len(text) < 2 or text in ("yes", "no") else text
 
 
 def answer_signal(table: pa.Table, groups: pa.Table, first_stage: pa.Table, hard: int) -> dict:
-    """How often a "negative" names the question's answer: a page that does is often relevant
+    """How often a "negative" names the question's answer: a page that does may be relevant
     though not judged so (the multi-hop question's answer page is one gold page of several, and
     other pages name it too). ``table`` holds the searches with the miner's scores as
     ``first_stage_score`` (:func:`with_miner_scores`); over searches with a usable answer (not
     yes/no), the share of the miner's top-scored negative, of the mined hard negatives and of
     the first stage's that contain the answer."""
-    answers = {r["search_id"]: _usable_answer(r.get("answer")) for r in table.to_pylist()}
+    rows = table.to_pylist()
+    answers = {r["search_id"]: _usable_answer(r.get("answer")) for r in rows}
     top = tops = 0
-    for row in table.to_pylist():
+    for row in rows:
         answer = answers[row["search_id"]]
         negatives = [c for c in row["candidates"]
                      if c["relevance"] is not None and c["relevance"] <= 0
@@ -290,7 +296,7 @@ def answer_signal(table: pa.Table, groups: pa.Table, first_stage: pa.Table, hard
             continue
         best = max(negatives, key=lambda c: c["first_stage_score"])
         tops += 1
-        top += answer in " ".join(best["text"].lower().split())
+        top += answer in _folded(best["text"])
 
     def share(groups: pa.Table) -> float:
         hits = total = 0
@@ -300,7 +306,7 @@ def answer_signal(table: pa.Table, groups: pa.Table, first_stage: pa.Table, hard
                 continue
             for doc in row["negatives"][:hard]:
                 total += 1
-                hits += answer in " ".join(doc["text"].lower().split())
+                hits += answer in _folded(doc["text"])
         return hits / max(total, 1)
 
     return {
@@ -312,32 +318,28 @@ def answer_signal(table: pa.Table, groups: pa.Table, first_stage: pa.Table, hard
 
 
 def mine_stage(config: AdoptConfig) -> dict[str, Any]:
-    """One round of self-mining (:class:`~acare_ray.adopt.config.MineSpec`): every source's
-    training searches scored by the miner's checkpoint of this seed with ``acare rerank``
-    (Ray Data), then each source's groups rebuilt with the miner's hard negatives, under
-    ``work_dir/seed<N>/groups``."""
+    """One round of mined hard negatives (:class:`~acare_ray.adopt.config.MineSpec`): every
+    source's training searches scored by the miner (the checkpoint of this seed of an earlier
+    run, with ``acare rerank`` on Ray Data, or a ``dense:`` sentence-embedding model,
+    :mod:`acare_ray.data.dense`), then each source's groups rebuilt with the miner's hard
+    negatives, under ``work_dir/seed<N>/groups``."""
+    from acare_ray.data.dense import DenseEncoder, dense_scores
     from acare_ray.data.groups import group_stats, searches_to_groups
-    from acare_ray.offline.rerank import RerankConfig, run
 
     spec = config.mine
-    checkpoint = spec.checkpoint(config.seed)
-    out: dict[str, Any] = {"miner": checkpoint, "mode": spec.mode, "hard": spec.hard,
+    encoder = DenseEncoder.load(spec.dense) if spec.dense else None
+    miner = spec.miner if spec.dense else spec.checkpoint(config.seed)
+    out: dict[str, Any] = {"miner": miner, "mode": spec.mode, "hard": spec.hard,
                            "skip": spec.skip, "init": spec.init, "sources": {}}  # fmt: skip
     for source in config.sources:
         searches = config.work / "data" / f"{source.name}_train.parquet"
-        scored = config.seed_dir / "mine" / source.name
-        counts = run(
-            RerankConfig(
-                input=str(searches),
-                output=str(scored),
-                model=checkpoint,
-                mode=spec.mode,
-                fusion="none",
-                pool=_pool(config),
-                scorer=scorer_settings(config),
-            )
-        )
-        scores, errors = _miner_scores(scored)
+        started = time.perf_counter()
+        if encoder is not None:
+            rows = read_parquet(str(searches)).to_pylist()
+            scores, errors = dense_scores(rows, encoder, spec.mode)
+            searched = len(rows)
+        else:
+            scores, errors, searched = _rerank_scores(config, source.name, miner)
         table = _labels_from_gold(with_miner_scores(read_parquet(str(searches)), scores))
         groups = searches_to_groups(
             table, config.negatives, config.split_seed, spec.hard, spec.skip
@@ -345,10 +347,11 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
         write_parquet(groups, config.seed_dir / "groups" / f"{source.name}.parquet")
         first_stage = read_parquet(str(config.work / "groups" / f"{source.name}.parquet"))
         out["sources"][source.name] = {
-            "searches": counts.rows_in,
+            "searches": searched,
             "scored": len(scores),
             "errors": errors[:20],
             "error_count": len(errors),
+            "seconds": round(time.perf_counter() - started, 1),
             "groups": groups.num_rows,
             "skipped": vars(group_stats(groups)),
             **_mined_signal(groups, first_stage, scores, spec.hard),
@@ -356,6 +359,29 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
         }
         log.info("[mine] %s: %s", source.name, out["sources"][source.name])
     return out
+
+
+def _rerank_scores(
+    config: AdoptConfig, source: str, checkpoint: str
+) -> tuple[dict[str, dict[str, float]], list[str], int]:
+    """The miner checkpoint's scores of one source's training searches (``acare rerank`` on
+    Ray Data, written under ``seed<N>/mine``), the ids of rows it reported, and the rows read."""
+    from acare_ray.offline.rerank import RerankConfig, run
+
+    scored = config.seed_dir / "mine" / source
+    counts = run(
+        RerankConfig(
+            input=str(config.work / "data" / f"{source}_train.parquet"),
+            output=str(scored),
+            model=checkpoint,
+            mode=config.mine.mode,
+            fusion="none",
+            pool=_pool(config),
+            scorer=scorer_settings(config),
+        )
+    )
+    scores, errors = _miner_scores(scored)
+    return scores, errors, counts.rows_in
 
 
 def primary_part(config: AdoptConfig, part: str) -> str:

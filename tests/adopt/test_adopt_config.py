@@ -48,6 +48,8 @@ def test_the_committed_config_reads_and_names_its_sources():
         (_base(mine={"miner": "w0", "hard": 8}), r"mine: hard \(8\) exceeds negatives \(7\)"),
         (_base(mine={"miner": ""}), "mine: miner .* is required"),
         (_base(mine={"miner": "w0", "skip": -1}), "mine: skip must be a number of negatives >= 0"),
+        (_base(mine={"miner": "dense:"}), "mine: miner dense: names no model"),
+        (_base(mine={"miner": "dense:minilm"}), "a dense miner .* has no checkpoint .* init: base"),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_setting(values, message):

