@@ -17,9 +17,11 @@ that fails validation is reported by id and keeps its first-stage scores; the ot
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +29,7 @@ import torch
 from acare_ray.data.schema import RowError, parse_search
 from acare_ray.scoring.config import FieldCaps, load_tokenizer, resolve_model_path
 from acare_ray.scoring.context import FieldError, Mode
+from acare_ray.scoring.cross_encoder import CrossEncoderBackend
 from acare_ray.scoring.prompt import cap_fields, query_block_parts
 from acare_ray.scoring.untrusted import InertTokenizer, encode_documents
 
@@ -35,9 +38,11 @@ log = logging.getLogger(__name__)
 PREFIX = "dense:"
 """``mine: miner:`` values that start with this name a sentence-embedding model, not a run."""
 
-# The cross-encoder's query-block caps (acare_ray.scoring.cross_encoder): the same text reaches
-# the miner as reaches the reranker it mines for.
-CAPS = FieldCaps(sub_query=64, question=128, reasoning=160)
+# The cross-encoder's query-block caps: the same text reaches the miner as reaches the reranker
+# it mines for.
+CAPS: FieldCaps = CrossEncoderBackend.default_prompt.caps
+# What a sentence-transformers model folder says its encoder reads (its max_seq_length).
+SENTENCE_CONFIG = "sentence_bert_config.json"
 
 
 def dense_model(miner: str) -> str | None:
@@ -56,10 +61,17 @@ class DenseEncoder:
     batch_tokens: int = 16384
 
     @classmethod
-    def load(cls, name_or_path: str, max_length: int = 256) -> DenseEncoder:
+    def load(cls, name_or_path: str, max_length: int | None = None) -> DenseEncoder:
+        """The model at a local folder or packaged name; ``max_length`` defaults to the
+        folder's sentence-transformers ``max_seq_length`` (256 for the packaged MiniLM), else
+        256, and never exceeds the model's positions."""
         from transformers import AutoModel
 
         path = resolve_model_path(name_or_path)
+        if max_length is None:
+            config = Path(path) / SENTENCE_CONFIG
+            read = json.loads(config.read_text()) if config.is_file() else {}
+            max_length = int(read.get("max_seq_length") or 256)
         model = AutoModel.from_pretrained(path).eval()
         limit = min(max_length, model.config.max_position_embeddings)
         return cls(model, load_tokenizer(path), limit)

