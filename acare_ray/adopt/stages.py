@@ -332,15 +332,14 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"miner": miner, "mode": spec.mode, "hard": spec.hard,
                            "skip": spec.skip, "init": spec.init, "sources": {}}  # fmt: skip
     for source in config.sources:
-        searches = config.work / "data" / f"{source.name}_train.parquet"
+        searches = read_parquet(str(config.work / "data" / f"{source.name}_train.parquet"))
         started = time.perf_counter()
         if encoder is not None:
-            rows = read_parquet(str(searches)).to_pylist()
-            scores, errors = dense_scores(rows, encoder, spec.mode)
-            searched = len(rows)
+            scores, errors = dense_scores(searches.to_pylist(), encoder, spec.mode)
+            searched = searches.num_rows
         else:
             scores, errors, searched = _rerank_scores(config, source.name, miner)
-        table = _labels_from_gold(with_miner_scores(read_parquet(str(searches)), scores))
+        table = _labels_from_gold(with_miner_scores(searches, scores))
         groups = searches_to_groups(
             table, config.negatives, config.split_seed, spec.hard, spec.skip
         )
