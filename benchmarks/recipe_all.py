@@ -7,7 +7,9 @@ report copied into ``benchmarks/results/<name>-seed<seed>.{md,json}`` (``--name`
 is ``acare adopt --config adopt_configs/r1-searcher-hotpotqa.yaml --seed 0`` (resumable:
 stages already done in ``runs/adopt`` are read, not redone) followed by the copy. The recipe
 itself (sources, split, training, the safe fusion fit, test, cost, agent loop) lives in the
-product (:mod:`acare_ray.adopt`); this script only files its figures.
+product (:mod:`acare_ray.adopt`); this script only files its figures. ``--summarize 0,1,2``
+puts the seeds side by side (``acare adopt --summarize-seeds``); a seed whose run folder is gone
+(one run in an earlier session) is read back from its committed ``<name>-seed<seed>.json``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--summarize",
         default=None,
         metavar="0,1,2",
-        help="run nothing: acare adopt --summarize-seeds, copied to <name>-seeds.{md,json}",
+        help="run nothing: acare adopt --summarize-seeds, copied to <name>-seeds.{md,json}; a seed "
+        "whose run folder is gone is read from its committed <name>-seed<seed>.json",
     )
     return parser
 
@@ -83,18 +86,44 @@ def summarize(args: argparse.Namespace) -> int:
     from acare_ray.adopt.config import AdoptConfig
     from acare_ray.cli import main as acare
 
+    work = AdoptConfig.read(args.config).work
+    out = Path(args.out)
+    restored = [
+        seed
+        for seed in (int(s) for s in args.summarize.split(","))
+        if restore_seed(work / f"seed{seed}", out / f"{args.name}-seed{seed}.json")
+    ]
     code = acare(["adopt", "--config", args.config, "--summarize-seeds", args.summarize])
     if code:
         return code
-    work = AdoptConfig.read(args.config).work
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks.report import REPO, dump_json
 
     text = (work / "seeds.md").read_text().replace(f"{REPO}/", "")
+    if restored:
+        names = ", ".join(f"`{args.name}-seed{seed}.json`" for seed in restored)
+        seeds = ", ".join(map(str, restored))
+        if len(restored) > 1:
+            text += f"\nSeeds {seeds} read from their committed files ({names}).\n"
+        else:
+            text += f"\nSeed {seeds} read from its committed file ({names}).\n"
     (out / f"{args.name}-seeds.md").write_text(text)
     dump_json(json.loads((work / "seeds.json").read_text()), out / f"{args.name}-seeds.json")
     return 0
+
+
+def restore_seed(seed_dir: Path, record: Path) -> bool:
+    """Write a seed's stage files back into ``seed_dir`` from its committed record (what
+    ``main`` filed in ``<name>-seed<seed>.json``) when its run folder has no test stage, so seeds
+    run in different sessions, whose run folders are gone, summarize together. True when it did."""
+    if (seed_dir / "test.json").is_file() or not record.is_file():
+        return False
+    stages = json.loads(record.read_text())
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    for stage, figures in stages.items():
+        if stage not in ("command", "data", "baseline"):  # work-level files, not the seed's
+            (seed_dir / f"{stage}.json").write_text(json.dumps(figures, indent=2) + "\n")
+    return True
 
 
 if __name__ == "__main__":

@@ -148,3 +148,50 @@ def test_the_documented_seed_summary_runs_as_written(tmp_path, monkeypatch, caps
     assert main(shlex.split(line)[1:]) == 0
     assert "undecided" in capsys.readouterr().out
     assert "seeds [1, 2] have not finished" in (work / "seeds.md").read_text()
+
+
+def test_a_summary_of_seeds_run_in_other_sessions_reads_their_committed_files(
+    tmp_path, monkeypatch
+):
+    """Seeds of one recipe run in different sessions, and a session's run folder is gone when
+    the next one summarizes: ``recipe_all --summarize`` reads a seed without a test stage from
+    its committed ``<name>-seed<N>.json``. From the full-pass recipe's three committed seed
+    files it gives the committed three-seed summary again, and a seed that has a run folder is
+    read from there, not overwritten."""
+    import json
+    import shutil
+
+    from benchmarks import recipe_all
+
+    results = BENCHMARKS / "results"
+    out = tmp_path / "results"
+    out.mkdir()
+    for seed in (0, 1, 2):
+        shutil.copy(results / f"adopt-full-pass-seed{seed}.json", out)
+    (tmp_path / "adopt_configs").mkdir()
+    shutil.copy(BENCHMARKS.parent / CONFIG_PATH, tmp_path / CONFIG_PATH)
+    monkeypatch.chdir(tmp_path)
+    work = AdoptConfig.read(CONFIG_PATH).work
+    argv = ["--summarize", "0,1,2", "--name", "adopt-full-pass", "--out", str(out)]
+
+    assert recipe_all.main(argv) == 0
+    summary = json.loads((out / "adopt-full-pass-seeds.json").read_text())
+    committed = json.loads((results / "adopt-full-pass-seeds.json").read_text())
+    assert summary["missing"] == []
+    for figure in ("gain", "unfused_gain", "fused_m0", "loop"):
+        assert summary["across"][figure] == committed["across"][figure]
+    assert summary["checks"] == committed["checks"]
+    assert (
+        "Seeds 0, 1, 2 read from their committed files ("
+        in (out / "adopt-full-pass-seeds.md").read_text()
+    )
+
+    # seed 1's run folder now holds a test stage: the next summary reads it, not the record
+    test = json.loads((work / "seed1" / "test.json").read_text())
+    row = next(t for t in test["tests"] if (t["a"], t["b"]) == ("first_stage", test["stored"]))
+    row["diff"] = -0.5
+    (work / "seed1" / "test.json").write_text(json.dumps(test))
+    assert recipe_all.main(argv) == 0
+    summary = json.loads((out / "adopt-full-pass-seeds.json").read_text())
+    assert summary["per_seed"]["1"]["gain"] == -0.5
+    assert "committed file" not in (out / "adopt-full-pass-seeds.md").read_text()
