@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,13 @@ from acare_ray.testing import HEALTH_CHECK_ENV
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch.compile's cache is machine-wide by default (/tmp/torchinductor_<user>): one truncated
+# file left there by a killed process fails every later compile test ("file too short"). The
+# suite compiles into a folder of its own, removed when it ends.
+_INDUCTOR_CACHE = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="acare-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
 # Every Ray cluster a test starts tolerates raylet stalls on a loaded 2-core host.
 for _key, _value in HEALTH_CHECK_ENV.items():
     os.environ.setdefault(_key, _value)
@@ -114,6 +122,8 @@ def pytest_sessionfinish(session, exitstatus):
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+    if _INDUCTOR_CACHE is not None:
+        shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
 
 
 # Modules that shut the shared in-process cluster down to start one of their own (a real
