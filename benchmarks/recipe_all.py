@@ -73,15 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         if (seed_dir / "report.png").exists():
             shutil.copyfile(seed_dir / "report.png", out / f"{args.name}-seed{args.seed}.png")
         stages = {}
-        for stage in ("data", "baseline"):
-            path = config.work / f"{stage}.json"
+        # the stages outside the seed's folder: data, baseline and a dense miner's shared round
+        for stage in ("data", "baseline", "mine"):
+            path = stage_file(config, stage)
             if path.exists():
                 stages[stage] = json.loads(path.read_text())
         for path in sorted(seed_dir.glob("*.json")):
             stages[path.stem] = json.loads(path.read_text())
-        if "mine" not in stages and stage_file(config, "mine").exists():
-            # a round every seed shares (a dense miner's) sits outside the seed's folder
-            stages["mine"] = json.loads(stage_file(config, "mine").read_text())
         record = {"command": "acare " + " ".join(command), **stages}
         dump_json(record, out / f"{args.name}-seed{args.seed}.json")  # repository paths relative
     return 0
