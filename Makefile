@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # GPU machines take torch from pyproject's open range; CPU-only machines get the CPU build first.
 TORCH_CPU ?= torch==2.13.*
 
-.PHONY: install demo test test-fast test-floor lint bench recipe recipe-mined recipe-mined-base recipe-dense recipe-ema clean
+.PHONY: install demo test test-fast test-floor lint bench recipe recipe-bm25 recipe-mined recipe-mined-base recipe-ema clean
 
 install: $(VENV)/.installed
 
@@ -47,19 +47,24 @@ lint: install
 bench: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/python -m benchmarks.bench_scorer
 
-# The published recipe: `acare adopt` with the committed config for our data (the traces'
-# split, MuSiQue + HotpotQA as extra training data, early stopping, the safe fusion fit, the
-# test, cost, the agent loop and the decision report under runs/adopt/seed$(SEED)/).
+# The published recipe: `acare adopt` with the committed config for our data, every stage (the
+# traces' split, MuSiQue + HotpotQA as extra training data, the untrained control, hard negatives
+# from a second retriever, the full pass with early stopping, the safe fusion fit, the test,
+# cost, the agent loop and the decision report under runs/adopt-dense/seed$(SEED)/).
 SEED ?= 0
 recipe: install
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-dense.yaml --seed $(SEED)
+
+# The recipe before it: the same full pass with BM25's hard negatives (runs/adopt/seed$(SEED)/).
+recipe-bm25: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa.yaml --seed $(SEED) --stages data,baseline,train,fit,test,cost,loop,report
 
-# The recipe with a moving average of the weights validated and saved (ema_decay 0.98); the
-# zero-training control is the recipe's.
+# The BM25-negatives recipe with a moving average of the weights validated and saved (ema_decay
+# 0.98); the zero-training control is that recipe's.
 recipe-ema: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-ema.yaml --seed $(SEED) --stages data,train,fit,test,cost,loop,report
 
-# One round of self-mined hard negatives on top of `make recipe` for the same seed (run that first).
+# One round of self-mined hard negatives on top of `make recipe-bm25` for the same seed (run that first).
 recipe-mined: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
 
@@ -67,11 +72,6 @@ recipe-mined: install
 # (its top one skipped) instead of BM25's (`make recipe-ema` first).
 recipe-mined-base: install
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-mined-base.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
-
-# The recipe's full pass with hard negatives from a second retriever (the packaged MiniLM as a
-# sentence embedding over the M3 query block) instead of BM25's; needs no earlier run.
-recipe-dense: install
-	RAY_USAGE_STATS_ENABLED=0 $(BIN)/acare adopt --config adopt_configs/r1-searcher-hotpotqa-dense.yaml --seed $(SEED) --stages data,mine,train,fit,test,cost,loop,report
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

@@ -1,15 +1,17 @@
 """The published recipe: ``acare adopt`` with the committed config for our data, one seed, its
 report copied into ``benchmarks/results/<name>-seed<seed>.{md,json}`` (``--name``, default
-``adopt``).
+``adopt-dense``).
 
     RAY_USAGE_STATS_ENABLED=0 .venv/bin/python -m benchmarks.recipe_all --seed 0
 
-is ``acare adopt --config adopt_configs/r1-searcher-hotpotqa.yaml --seed 0`` (resumable:
-stages already done in ``runs/adopt`` are read, not redone) followed by the copy. The recipe
-itself (sources, split, training, the safe fusion fit, test, cost, agent loop) lives in the
-product (:mod:`acare_ray.adopt`); this script only files its figures. ``--summarize 0,1,2``
-puts the seeds side by side (``acare adopt --summarize-seeds``); a seed whose run folder is gone
-(one run in an earlier session) is read back from its committed ``<name>-seed<seed>.json``.
+is ``acare adopt --config adopt_configs/r1-searcher-hotpotqa-dense.yaml --seed 0`` (resumable:
+stages already done in ``runs/adopt-dense`` are read, not redone) followed by the copy;
+``--config`` runs another (``adopt_configs/r1-searcher-hotpotqa.yaml``: the same full pass with
+BM25's hard negatives). The recipe itself (sources, split, mining, training, the safe fusion
+fit, test, cost, agent loop) lives in the product (:mod:`acare_ray.adopt`); this script only
+files its figures. ``--summarize 0,1,2`` puts the seeds side by side (``acare adopt
+--summarize-seeds``); a seed whose run folder is gone (one run in an earlier session) is read
+back from its committed ``<name>-seed<seed>.json``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = "adopt_configs/r1-searcher-hotpotqa.yaml"
+CONFIG = "adopt_configs/r1-searcher-hotpotqa-dense.yaml"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument(
         "--name",
-        default="adopt",
+        default="adopt-dense",
         help="file prefix: <name>-seed<seed>.{md,json,png} and <name>-seeds.{md,json}",
     )
     parser.add_argument(

