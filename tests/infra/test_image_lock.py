@@ -118,8 +118,9 @@ def uv_executable() -> str | None:
 
 def test_the_documented_lock_command_reproduces_the_committed_lock(tmp_path):
     """Runs the docs' command (uv keeps the pins already in its output file, so the result
-    equals the committed lock unless image.in changed without a regeneration). Needs uv and
-    access to PyPI (or uv's cache); skipped, with the reason, without them."""
+    equals the committed lock unless image.in changed without a regeneration). Needs uv (in
+    the test extra, so `make test` has it) and access to PyPI (or uv's cache); skipped, with
+    the reason, without them."""
     import shlex
     import shutil
     import subprocess
